@@ -1,0 +1,244 @@
+//! The PlanActor: the single owner and writer of the execution plan.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tracing::{debug, info, warn};
+
+use crate::clock::{Clock, millis_to_utc};
+use crate::config::Config;
+use crate::messages::{PlanMsg, RefresherMsg, WriterMsg};
+use crate::metrics as m;
+use crate::model::Millis;
+use crate::persist::read_plan_file;
+use crate::plan::{
+    ExecutionPlan, MergeOptions, MergeReport, PlanStats, local_next_run_time, merge, ready,
+};
+use crate::supervision::Directory;
+
+pub struct PlanActor;
+
+pub struct PlanArgs {
+    pub config: Arc<Config>,
+    pub clock: Clock,
+    pub directory: Directory,
+}
+
+pub struct PlanState {
+    plan: ExecutionPlan,
+    config: Arc<Config>,
+    clock: Clock,
+    directory: Directory,
+    /// Rule 5 of the merge: false until the first merge after this actor
+    /// (re)started, which then trusts the database completely.
+    merged_once: bool,
+    /// Changed since the last snapshot went to the writer.
+    dirty: bool,
+    flush_scheduled: bool,
+    last_enqueued_at: Option<Millis>,
+}
+
+impl Actor for PlanActor {
+    type Msg = PlanMsg;
+    type State = PlanState;
+    type Arguments = PlanArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<PlanMsg>,
+        args: PlanArgs,
+    ) -> Result<PlanState, ActorProcessingErr> {
+        let path = args.config.plan_file.clone();
+        let loaded = tokio::task::spawn_blocking(move || read_plan_file(&path)).await?;
+        let mut plan = match loaded {
+            Ok(Some(snapshot)) => {
+                info!(
+                    workflows = snapshot.workflows.len(),
+                    saved_at = %millis_to_utc(snapshot.saved_at).to_rfc3339(),
+                    "📂 Loaded execution plan from {}",
+                    args.config.plan_file.display()
+                );
+                ExecutionPlan::from_snapshot(snapshot)
+            }
+            Ok(None) => {
+                info!("No plan file at {}; the database will fill the plan", args.config.plan_file.display());
+                ExecutionPlan::new()
+            }
+            Err(e) => {
+                warn!("⚠️ Ignoring the plan file: {e}; the database will rebuild the plan");
+                ExecutionPlan::new()
+            }
+        };
+        // Nothing can be running in an actor that has just started: any flag
+        // set is left over from a crash (seed 000 crash recovery).
+        let reset = plan.reset_running_flags();
+        info!("🔄 Reset {reset} workflow(s) is_currently_running flag");
+        // Ask for the database's view now rather than at the next tick.
+        if let Some(refresher) = args.directory.refresher() {
+            let _ = refresher.cast(RefresherMsg::RefreshNow);
+        }
+        let state = PlanState {
+            plan,
+            config: args.config,
+            clock: args.clock,
+            directory: args.directory,
+            merged_once: false,
+            dirty: false,
+            flush_scheduled: false,
+            last_enqueued_at: None,
+        };
+        publish_gauges(&state.plan.stats(state.clock.now_ms()));
+        Ok(state)
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<PlanMsg>,
+        message: PlanMsg,
+        state: &mut PlanState,
+    ) -> Result<(), ActorProcessingErr> {
+        let now = state.clock.now_ms();
+        match message {
+            PlanMsg::Ready(reply) => {
+                let ids = ready(
+                    &state.plan,
+                    now,
+                    state.config.max_runs_per_tick,
+                    state.config.default_timezone,
+                );
+                let _ = reply.send(ids);
+            }
+            PlanMsg::MarkRunning(id, reply) => {
+                let known = state.plan.mark_running(&id, now);
+                if known {
+                    state.mark_dirty(&myself);
+                }
+                let _ = reply.send(known);
+            }
+            PlanMsg::PostProcessed(row) => {
+                let id = row.id;
+                state.plan.apply_post_process(row, now);
+                info!(branch_rule_id = %id, "✅ Updated execution plan: workflow {id}");
+                state.mark_dirty(&myself);
+            }
+            PlanMsg::ComputeNextRunLocally { id, after, reply } => {
+                let result = local_next_run_time(&state.plan, &id, after, state.config.default_timezone);
+                if let Ok(next) = result {
+                    let before = state.plan.get(&id).and_then(|w| w.branch_rule.next_run_time);
+                    state.plan.set_next_run_time(&id, next, now);
+                    state.plan.update(&id, |w| w.branch_rule.is_currently_running = false);
+                    info!(
+                        branch_rule_id = %id,
+                        "🔄 Updated workflow {id}: next_run_time {} → {} (computed locally)",
+                        format_time(before),
+                        format_time(Some(next))
+                    );
+                    state.mark_dirty(&myself);
+                }
+                let _ = reply.send(result);
+            }
+            PlanMsg::Merge(data, reply) => {
+                let report = state.merge(*data, now);
+                if !report.is_empty() || report.preserved > 0 {
+                    state.mark_dirty(&myself);
+                }
+                let _ = reply.send(report);
+            }
+            PlanMsg::ResetRunningFlags(reply) => {
+                let reset = state.plan.reset_running_flags();
+                info!("🔄 Reset {reset} workflow(s) is_currently_running flag");
+                if reset > 0 {
+                    state.mark_dirty(&myself);
+                }
+                let _ = reply.send(reset);
+            }
+            PlanMsg::Snapshot(reply) => {
+                let _ = reply.send(state.plan.snapshot(now));
+            }
+            PlanMsg::Stats(reply) => {
+                let _ = reply.send(state.plan.stats(now));
+            }
+            PlanMsg::FlushToWriter => state.flush_to_writer(&myself, now),
+            PlanMsg::InjectPanic(reason) => panic!("{reason}"),
+        }
+        Ok(())
+    }
+}
+
+impl PlanState {
+    fn merge(&mut self, data: crate::model::PlanData, now: Millis) -> MergeReport {
+        let options = MergeOptions {
+            first_refresh: !self.merged_once,
+            recent_window: self.config.plan_refresh_interval,
+            max_age: self.config.plan_workflow_max_age,
+        };
+        let report = merge(&mut self.plan, data, now, options);
+        self.merged_once = true;
+        for change in &report.next_run_changes {
+            debug!(
+                branch_rule_id = %change.id,
+                "🔄 Updated workflow {}: next_run_time {} → {}",
+                change.id,
+                format_time(change.from),
+                format_time(change.to)
+            );
+        }
+        let stats = self.plan.stats(now);
+        publish_gauges(&stats);
+        report
+    }
+
+    /// Debounces snapshots: at most one goes to the writer per
+    /// PLAN_MIN_WRITE_INTERVAL_SECONDS, however busy the plan is.
+    fn mark_dirty(&mut self, myself: &ActorRef<PlanMsg>) {
+        self.dirty = true;
+        if self.flush_scheduled {
+            return;
+        }
+        self.flush_scheduled = true;
+        let interval = self.config.plan_min_write_interval.as_millis() as Millis;
+        let now = self.clock.now_ms();
+        let wait = self
+            .last_enqueued_at
+            .map_or(0, |at| (at + interval - now).max(0));
+        myself.send_after(Duration::from_millis(wait as u64), || PlanMsg::FlushToWriter);
+    }
+
+    fn flush_to_writer(&mut self, myself: &ActorRef<PlanMsg>, now: Millis) {
+        self.flush_scheduled = false;
+        if !self.dirty {
+            return;
+        }
+        let Some(writer) = self.directory.writer() else {
+            // The writer is being restarted; try again after the interval.
+            self.last_enqueued_at = Some(now);
+            self.mark_dirty(myself);
+            return;
+        };
+        let snapshot = Arc::new(self.plan.snapshot(now));
+        if writer.cast(WriterMsg::Enqueue(snapshot)).is_ok() {
+            self.dirty = false;
+            debug!("💾 Queued execution plan write");
+        }
+        self.last_enqueued_at = Some(now);
+        if self.dirty {
+            self.mark_dirty(myself);
+        }
+    }
+}
+
+fn format_time(ms: Option<Millis>) -> String {
+    ms.map_or_else(|| "none".to_string(), |ms| millis_to_utc(ms).to_rfc3339())
+}
+
+fn publish_gauges(stats: &PlanStats) {
+    for (state, count) in [
+        ("active", stats.active),
+        ("inactive", stats.inactive),
+        ("running", stats.running),
+        ("removed", stats.removed),
+    ] {
+        metrics::gauge!(m::PLAN_WORKFLOWS, "state" => state).set(count as f64);
+    }
+}

@@ -1,0 +1,144 @@
+//! The RefresherActor: reads the plan from SQL and hands it to the
+//! PlanActor for a smart merge, every EXECUTION_PLAN_REFRESH_SECONDS.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tracing::{debug, info, warn};
+
+use crate::actors::ask;
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::messages::refresher::RefresherStats;
+use crate::messages::{PlanMsg, RefresherMsg};
+use crate::metrics as m;
+use crate::plan::MergeReport;
+use crate::store::Store;
+use crate::supervision::Directory;
+
+pub struct RefresherActor;
+
+pub struct RefresherArgs {
+    pub store: Store,
+    pub config: Arc<Config>,
+    pub clock: Clock,
+    pub directory: Directory,
+}
+
+pub struct RefresherState {
+    store: Store,
+    config: Arc<Config>,
+    clock: Clock,
+    directory: Directory,
+    stats: RefresherStats,
+}
+
+impl Actor for RefresherActor {
+    type Msg = RefresherMsg;
+    type State = RefresherState;
+    type Arguments = RefresherArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<RefresherMsg>,
+        args: RefresherArgs,
+    ) -> Result<RefresherState, ActorProcessingErr> {
+        // The first refresh runs at once; each tick schedules the next, so a
+        // slow database never stacks refreshes up in the mailbox.
+        myself.send_message(RefresherMsg::Tick)?;
+        Ok(RefresherState {
+            store: args.store,
+            config: args.config,
+            clock: args.clock,
+            directory: args.directory,
+            stats: RefresherStats::default(),
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<RefresherMsg>,
+        message: RefresherMsg,
+        state: &mut RefresherState,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            RefresherMsg::Tick => {
+                state.refresh().await;
+                myself.send_after(state.config.plan_refresh_interval, || RefresherMsg::Tick);
+            }
+            RefresherMsg::RefreshNow => state.refresh().await,
+            RefresherMsg::Stats(reply) => {
+                let _ = reply.send(state.stats.clone());
+            }
+            RefresherMsg::InjectPanic(reason) => panic!("{reason}"),
+        }
+        Ok(())
+    }
+}
+
+impl RefresherState {
+    /// One refresh. Every failure is logged and counted, and the last plan
+    /// stays in place: a database outage must never stop the refresher.
+    async fn refresh(&mut self) {
+        let started = Instant::now();
+        match self.try_refresh().await {
+            Ok(report) => {
+                let elapsed = started.elapsed();
+                self.stats.refreshes_ok += 1;
+                self.stats.last_success_at = Some(self.clock.now_ms());
+                self.stats.last_error = None;
+                metrics::counter!(m::PLAN_REFRESH_TOTAL, "result" => "ok").increment(1);
+                metrics::histogram!(m::PLAN_REFRESH_DURATION_SECONDS).record(elapsed.as_secs_f64());
+                for (kind, count) in [
+                    ("added", report.added),
+                    ("updated", report.updated),
+                    ("removed", report.removed),
+                    ("preserved", report.preserved),
+                    ("pruned", report.pruned),
+                ] {
+                    metrics::counter!(m::PLAN_MERGE_CHANGES_TOTAL, "kind" => kind)
+                        .increment(count as u64);
+                }
+                let line = format!(
+                    "✅ Updated execution plan: {} added, {} updated, {} removed, {} preserved, {} pruned in {} ms",
+                    report.added,
+                    report.updated,
+                    report.removed,
+                    report.preserved,
+                    report.pruned,
+                    elapsed.as_millis()
+                );
+                if report.is_empty() && report.preserved == 0 {
+                    debug!("{line}");
+                } else {
+                    info!("{line}");
+                }
+            }
+            Err(reason) => {
+                self.stats.refreshes_failed += 1;
+                self.stats.last_error = Some(reason.clone());
+                metrics::counter!(m::PLAN_REFRESH_TOTAL, "result" => "error").increment(1);
+                warn!("⚠️ Plan refresh failed, keeping the last plan: {reason}");
+            }
+        }
+    }
+
+    async fn try_refresh(&self) -> Result<MergeReport, String> {
+        let data = self
+            .store
+            .load_plan_data(self.config.plan_action_details_cap)
+            .await
+            .map_err(|e| {
+                metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "refresh").increment(1);
+                e.to_string()
+            })?;
+        let plan = self
+            .directory
+            .plan()
+            .ok_or("the plan actor is restarting")?;
+        ask(&plan, |reply| PlanMsg::Merge(Box::new(data), reply))
+            .await
+            .map_err(|e| format!("the plan actor did not merge: {e}"))
+    }
+}

@@ -1,0 +1,158 @@
+//! `ruled demo`: example brands, branches in three time zones, rules,
+//! action templates and branch rules, so a fresh install has something to
+//! run. Fixed ids make it idempotent: a second run adds nothing.
+
+use chrono_tz::Tz;
+use serde_json::json;
+use tracing::info;
+use uuid::Uuid;
+
+use super::CommandError;
+use crate::clock::millis_to_utc;
+use crate::model::*;
+use crate::schedule::{CronSchedule, TimeOfDay, next_after_millis, parse_timezone};
+use crate::store::{Store, StoreError};
+
+/// What a demo load inserted; zero everywhere on a second run.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct DemoReport {
+    pub inserted: usize,
+    pub already_present: usize,
+}
+
+const BRAND: u128 = 0xde30_0000_0000_4000_8000_0000_0000_0001;
+
+fn demo_id(kind: u128, index: u128) -> Uuid {
+    // Version-4 shaped ids in a recognisable range: `de30…`.
+    Uuid::from_u128(BRAND + (kind << 16) + index)
+}
+
+const BRANCHES: [(&str, &str); 3] = [
+    ("Riyadh Olaya", "Asia/Riyadh"),
+    ("New York SoHo", "America/New_York"),
+    ("Sydney CBD", "Australia/Sydney"),
+];
+
+/// (name, cron, window)
+const RULES: [(&str, &str, Option<(&str, &str)>); 3] = [
+    ("Heartbeat every minute", "* * * * *", None),
+    ("Restock check, business hours", "*/15 * * * *", Some(("09:00", "17:00"))),
+    ("Nightly close-out", "30 2 * * *", Some(("22:00", "06:00"))),
+];
+
+pub async fn load_demo(store: &Store, now: Millis) -> Result<DemoReport, CommandError> {
+    let mut report = DemoReport::default();
+    let brand = Brand {
+        id: demo_id(0, 0),
+        name: "Demo Coffee Co.".into(),
+        settings: json!({"demo": true}),
+        created_at: now,
+        updated_at: now,
+    };
+    record(&mut report, store.insert_brand(&brand).await)?;
+
+    let noop = ActionTemplate {
+        id: demo_id(1, 0),
+        name: "No-op".into(),
+        kind: "noop".into(),
+        config: json!({}),
+        created_at: now,
+        updated_at: now,
+    };
+    let pause = ActionTemplate {
+        id: demo_id(1, 1),
+        name: "Short pause".into(),
+        kind: "sleep".into(),
+        config: json!({"ms": 200}),
+        created_at: now,
+        updated_at: now,
+    };
+    for template in [&noop, &pause] {
+        record(&mut report, store.insert_action_template(template).await)?;
+    }
+
+    let mut rules = Vec::new();
+    for (index, (name, cron, window)) in RULES.iter().enumerate() {
+        let rule = Rule {
+            id: demo_id(2, index as u128),
+            brand_id: Some(brand.id),
+            name: name.to_string(),
+            status: RuleStatus::Active,
+            cron_expression: cron.to_string(),
+            settings: json!({}),
+            created_at: now,
+            updated_at: now,
+        };
+        record(&mut report, store.insert_rule(&rule).await)?;
+        rules.push((rule, *window));
+    }
+
+    for (b, (name, zone_name)) in BRANCHES.iter().enumerate() {
+        let branch = Branch {
+            id: demo_id(3, b as u128),
+            brand_id: brand.id,
+            name: name.to_string(),
+            timezone: Some(zone_name.to_string()),
+            is_active: true,
+            created_at: now,
+            updated_at: now,
+        };
+        record(&mut report, store.insert_branch(&branch).await)?;
+        let zone: Tz = parse_timezone(zone_name)?;
+        for (r, (rule, window)) in rules.iter().enumerate() {
+            let schedule = CronSchedule::parse(&rule.cron_expression)?;
+            let parse = |t: &str| t.parse::<TimeOfDay>();
+            let branch_rule = BranchRule {
+                id: demo_id(4, (b * 16 + r) as u128),
+                branch_id: branch.id,
+                rule_id: rule.id,
+                brand_rule_id: None,
+                is_active: true,
+                is_archived: false,
+                is_force_stopped: false,
+                is_currently_running: false,
+                operation_time_from: window.map(|(from, _)| parse(from)).transpose()?,
+                operation_time_to: window.map(|(_, to)| parse(to)).transpose()?,
+                next_run_time: Some(next_after_millis(&schedule, zone, now)?),
+                last_run_time: None,
+                lock_holder: None,
+                lock_time: None,
+                lock_epoch: 0,
+                params: json!({"branch": name}),
+                created_at: now,
+                updated_at: now,
+            };
+            record(&mut report, store.insert_branch_rule(&branch_rule).await)?;
+            let steps = [(noop.id, json!({})), (pause.id, json!({"ms": 50}))];
+            for (position, (template_id, params)) in steps.into_iter().enumerate() {
+                let detail = ActionDetail {
+                    id: demo_id(5, (b * 256 + r * 16 + position) as u128),
+                    branch_rule_id: branch_rule.id,
+                    action_template_id: template_id,
+                    position: position as i32,
+                    params,
+                    created_at: now,
+                    updated_at: now,
+                };
+                record(&mut report, store.insert_action_detail(&detail).await)?;
+            }
+        }
+    }
+    info!(
+        inserted = report.inserted,
+        already_present = report.already_present,
+        "🧪 Demo data loaded at {}",
+        millis_to_utc(now).to_rfc3339()
+    );
+    Ok(report)
+}
+
+/// A row that is already there is the idempotent case, not an error.
+fn record(report: &mut DemoReport, result: Result<(), StoreError>) -> Result<(), CommandError> {
+    match result {
+        Ok(()) => report.inserted += 1,
+        Err(e) if e.is_unique_violation() => report.already_present += 1,
+        Err(e) => return Err(e.into()),
+    }
+    Ok(())
+}

@@ -1,0 +1,129 @@
+//! `ruled plan`: the seed's "rules not being picked up" checklist, answered
+//! by the tool. Loads the plan the way the service does and says, for each
+//! workflow, when it runs next and what holds it back.
+
+use chrono_tz::Tz;
+use uuid::Uuid;
+
+use super::CommandError;
+use crate::clock::millis_to_utc;
+use crate::config::Config;
+use crate::model::Millis;
+use crate::persist::read_plan_file;
+use crate::plan::{ExecutionPlan, check_ready};
+use crate::store::Store;
+
+/// Where the listed plan came from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PlanSource {
+    Database,
+    /// The database failed; the plan file saved at this time was used.
+    PlanFile { saved_at: Millis, database_error: String },
+}
+
+/// The database first, as the first refresh does; the plan file when the
+/// database cannot be read, with running flags reset as at start-up.
+pub async fn load_plan(config: &Config) -> Result<(ExecutionPlan, PlanSource), CommandError> {
+    let from_database = async {
+        let store = Store::connect(&config.database_url).await?;
+        let data = store.load_plan_data(config.plan_action_details_cap).await;
+        store.close().await;
+        data
+    }
+    .await;
+    match from_database {
+        Ok(data) => Ok((ExecutionPlan::from_data(data), PlanSource::Database)),
+        Err(database_error) => match read_plan_file(&config.plan_file)? {
+            Some(snapshot) => {
+                let saved_at = snapshot.saved_at;
+                let mut plan = ExecutionPlan::from_snapshot(snapshot);
+                plan.reset_running_flags();
+                Ok((
+                    plan,
+                    PlanSource::PlanFile {
+                        saved_at,
+                        database_error: database_error.to_string(),
+                    },
+                ))
+            }
+            None => Err(CommandError::NoPlan {
+                database: database_error.to_string(),
+                plan_file: config.plan_file.display().to_string(),
+            }),
+        },
+    }
+}
+
+/// One line per workflow, ordered by (next_run_time, id), unscheduled last.
+pub fn plan_lines(plan: &ExecutionPlan, now: Millis, default_zone: Tz) -> Vec<String> {
+    let mut workflows: Vec<_> = plan.workflows().collect();
+    workflows.sort_by_key(|w| (w.branch_rule.next_run_time.unwrap_or(Millis::MAX), w.id()));
+    let ready_count = workflows
+        .iter()
+        .filter(|w| check_ready(plan, w, now, default_zone).is_ok())
+        .count();
+    let mut lines = vec![format!(
+        "{} workflow(s), {} ready at {}",
+        workflows.len(),
+        ready_count,
+        millis_to_utc(now).to_rfc3339()
+    )];
+    for workflow in workflows {
+        let row = &workflow.branch_rule;
+        let branch = plan.branch(&row.branch_id);
+        let rule = plan.rule(&row.rule_id);
+        let zone = plan.zone_of(workflow, default_zone).unwrap_or(default_zone);
+        let next = match row.next_run_time {
+            Some(ms) => {
+                let utc = millis_to_utc(ms);
+                let local = utc.with_timezone(&zone);
+                format!(
+                    "next {} ({} {})",
+                    utc.format("%Y-%m-%dT%H:%M:%SZ"),
+                    local.format("%Y-%m-%d %H:%M %Z"),
+                    zone.name()
+                )
+            }
+            None => "next none".to_string(),
+        };
+        let verdict = match check_ready(plan, workflow, now, default_zone) {
+            Ok(()) => "READY".to_string(),
+            Err(reason) => format!("not ready: {reason}"),
+        };
+        lines.push(format!(
+            "{}  {} / {}  {next}  {verdict}",
+            row.id,
+            branch.map_or_else(|| unknown(row.branch_id), |b| b.name.clone()),
+            rule.map_or_else(|| unknown(row.rule_id), |r| r.name.clone()),
+        ));
+    }
+    lines
+}
+
+fn unknown(id: Uuid) -> String {
+    format!("<missing {id}>")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::fixtures::Fixture;
+
+    #[test]
+    fn each_line_says_when_and_why() {
+        let now = 1_800_000_000_000;
+        let mut fixture = Fixture::due(now - 1);
+        fixture.branch.timezone = Some("America/New_York".into());
+        let ready_plan = fixture.plan();
+        let lines = plan_lines(&ready_plan, now, chrono_tz::Asia::Riyadh);
+        assert_eq!(lines[0], format!("1 workflow(s), 1 ready at {}", millis_to_utc(now).to_rfc3339()));
+        assert!(lines[1].ends_with("READY"), "{}", lines[1]);
+        assert!(lines[1].contains("America/New_York"), "{}", lines[1]);
+        assert!(lines[1].contains("branch / rule"), "{}", lines[1]);
+
+        fixture.branch.is_active = false;
+        let held = fixture.plan();
+        let lines = plan_lines(&held, now, chrono_tz::Asia::Riyadh);
+        assert!(lines[1].ends_with("not ready: branch.is_active is false"), "{}", lines[1]);
+    }
+}

@@ -1,0 +1,448 @@
+//! Configuration from the environment (and `.env`), with every default of
+//! DESIGN.md §5 in one place: [`Config::default`].
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use chrono_tz::Tz;
+
+use crate::schedule::parse_timezone;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("invalid {variable}={value:?}: {reason}")]
+pub struct ConfigError {
+    pub variable: &'static str,
+    pub value: String,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Pretty,
+    Json,
+}
+
+/// `PARTITION=k/N`: this instance only considers rules whose stable id hash
+/// modulo `count` equals `index` (seed 003).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Partition {
+    pub index: u32,
+    pub count: u32,
+}
+
+impl FromStr for Partition {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let (index, count) = text.split_once('/').ok_or("expected k/N, for example 0/3")?;
+        let index: u32 = index.trim().parse().map_err(|_| "k is not a whole number")?;
+        let count: u32 = count.trim().parse().map_err(|_| "N is not a whole number")?;
+        if count == 0 || index >= count {
+            return Err(format!("need 0 <= k < N, got {index}/{count}"));
+        }
+        Ok(Partition { index, count })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// EXECUTION_PLAN_REFRESH_SECONDS, default 20.
+    pub plan_refresh_interval: Duration,
+    /// PLAN_MIN_WRITE_INTERVAL_SECONDS, default 1.
+    pub plan_min_write_interval: Duration,
+    /// PLAN_ACTION_DETAILS_CAP, default 1500.
+    pub plan_action_details_cap: usize,
+    /// PLAN_WORKFLOW_MAX_AGE_HOURS, default 24.
+    pub plan_workflow_max_age: Duration,
+    /// MASTER_FETCH_INTERVAL_SECONDS, default 60.
+    pub master_fetch_interval: Duration,
+    /// MASTER_GRACE_PERIOD_SECONDS, default 15.
+    pub master_grace_period: Duration,
+    /// WORKER_COUNT, default max(10, 90% of CPU cores).
+    pub worker_count: usize,
+    /// WORKER_SINGLE_JOB_MODE, default true.
+    pub worker_single_job_mode: bool,
+    /// WORKER_STAGGER_SECONDS, default 1.
+    pub worker_stagger: Duration,
+    /// WORKER_COOLDOWN_SECONDS, default 10.
+    pub worker_cooldown: Duration,
+    /// RECENTLY_PROCESSED_SECONDS, default 30.
+    pub recently_processed: Duration,
+    /// MEMORY_THROTTLE_THRESHOLD, default 90 (%).
+    pub memory_throttle_threshold: f64,
+    /// MEMORY_RESUME_THRESHOLD, default 80 (%).
+    pub memory_resume_threshold: f64,
+    /// GPU_THROTTLE_THRESHOLD, default 85 (%).
+    pub gpu_throttle_threshold: f64,
+    /// GPU_RESUME_THRESHOLD, default 75 (%).
+    pub gpu_resume_threshold: f64,
+    /// SWAP_THROTTLE_THRESHOLD, default 70 (%).
+    pub swap_throttle_threshold: f64,
+    /// MEMORY_CHECK_INTERVAL, default 5 (seconds).
+    pub memory_check_interval: Duration,
+    /// SCHEDULE_LOCK_TIMEOUT_SECONDS, default 300.
+    pub schedule_lock_timeout: Duration,
+    /// SCHEDULE_EXECUTION_TIMEOUT_SECONDS, default 600.
+    pub schedule_execution_timeout: Duration,
+    /// MAX_RUNS_PER_TICK, default 500.
+    pub max_runs_per_tick: usize,
+    /// DEFAULT_TIMEZONE, default Asia/Riyadh (the seed's KSA).
+    pub default_timezone: Tz,
+    /// DATABASE_URL, default sqlite://data/ruled.db.
+    pub database_url: String,
+    /// PLAN_FILE, default data/execution_plan.json.
+    pub plan_file: PathBuf,
+    /// SHUTDOWN_MARKER_FILE, default data/shutdown_marker.json.
+    pub shutdown_marker_file: PathBuf,
+    /// HTTP_ADDR, default 127.0.0.1:8080.
+    pub http_addr: SocketAddr,
+    /// API_TOKEN, default unset (the API is read-only).
+    pub api_token: Option<String>,
+    /// INSTANCE_ID, default the hostname.
+    pub instance_id: String,
+    /// PARTITION, default unset (all rules).
+    pub partition: Option<Partition>,
+    /// LOG_FORMAT, default pretty.
+    pub log_format: LogFormat,
+    /// COMMAND_ACTIONS_ENABLED, default false.
+    pub command_actions_enabled: bool,
+    /// HTTP_ACTION_ALLOW_PRIVATE, default false.
+    pub http_action_allow_private: bool,
+    /// SUPERVISOR_MAX_RESTARTS, default 5.
+    pub supervisor_max_restarts: u32,
+    /// SUPERVISOR_RESTART_WINDOW_SECONDS, default 60.
+    pub supervisor_restart_window: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            plan_refresh_interval: Duration::from_secs(20),
+            plan_min_write_interval: Duration::from_secs(1),
+            plan_action_details_cap: 1500,
+            plan_workflow_max_age: Duration::from_secs(24 * 3600),
+            master_fetch_interval: Duration::from_secs(60),
+            master_grace_period: Duration::from_secs(15),
+            worker_count: default_worker_count(),
+            worker_single_job_mode: true,
+            worker_stagger: Duration::from_secs(1),
+            worker_cooldown: Duration::from_secs(10),
+            recently_processed: Duration::from_secs(30),
+            memory_throttle_threshold: 90.0,
+            memory_resume_threshold: 80.0,
+            gpu_throttle_threshold: 85.0,
+            gpu_resume_threshold: 75.0,
+            swap_throttle_threshold: 70.0,
+            memory_check_interval: Duration::from_secs(5),
+            schedule_lock_timeout: Duration::from_secs(300),
+            schedule_execution_timeout: Duration::from_secs(600),
+            max_runs_per_tick: 500,
+            default_timezone: chrono_tz::Asia::Riyadh,
+            database_url: "sqlite://data/ruled.db".to_string(),
+            plan_file: PathBuf::from("data/execution_plan.json"),
+            shutdown_marker_file: PathBuf::from("data/shutdown_marker.json"),
+            http_addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            api_token: None,
+            instance_id: hostname(),
+            partition: None,
+            log_format: LogFormat::Pretty,
+            command_actions_enabled: false,
+            http_action_allow_private: false,
+            supervisor_max_restarts: 5,
+            supervisor_restart_window: Duration::from_secs(60),
+        }
+    }
+}
+
+/// max(10, 90% of the CPU cores): jobs mostly wait on I/O, so even a small
+/// machine gets ten workers.
+pub fn default_worker_count() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cores * 9 / 10).max(10)
+}
+
+fn hostname() -> String {
+    let mut buffer = [0u8; 256];
+    // SAFETY: the buffer is valid for its whole length and gethostname writes
+    // at most that many bytes.
+    let rc = unsafe { libc::gethostname(buffer.as_mut_ptr().cast(), buffer.len()) };
+    let end = buffer.iter().position(|&b| b == 0).unwrap_or(buffer.len());
+    match std::str::from_utf8(&buffer[..end]) {
+        Ok(name) if rc == 0 && !name.is_empty() => name.to_string(),
+        _ => "ruled".to_string(),
+    }
+}
+
+impl Config {
+    /// Reads `.env` if present, then the process environment.
+    pub fn from_env() -> Result<Config, ConfigError> {
+        // A missing .env is the normal case; a malformed one is not worth
+        // refusing to start over, the variables it defines are then unset.
+        let _ = dotenvy::dotenv();
+        Config::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Builds a config from explicit variables (tests, `ruled simulate`).
+    pub fn from_map(vars: &HashMap<String, String>) -> Result<Config, ConfigError> {
+        Config::from_lookup(|name| vars.get(name).cloned())
+    }
+
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+        let env = Env { lookup: &lookup };
+        let mut c = Config::default();
+        env.seconds("EXECUTION_PLAN_REFRESH_SECONDS", &mut c.plan_refresh_interval, true)?;
+        env.seconds("PLAN_MIN_WRITE_INTERVAL_SECONDS", &mut c.plan_min_write_interval, false)?;
+        env.number("PLAN_ACTION_DETAILS_CAP", &mut c.plan_action_details_cap)?;
+        let mut max_age_hours = c.plan_workflow_max_age.as_secs_f64() / 3600.0;
+        env.float("PLAN_WORKFLOW_MAX_AGE_HOURS", &mut max_age_hours, 0.0, f64::MAX)?;
+        c.plan_workflow_max_age = Duration::from_secs_f64(max_age_hours * 3600.0);
+        env.seconds("MASTER_FETCH_INTERVAL_SECONDS", &mut c.master_fetch_interval, true)?;
+        env.seconds("MASTER_GRACE_PERIOD_SECONDS", &mut c.master_grace_period, false)?;
+        env.number("WORKER_COUNT", &mut c.worker_count)?;
+        if c.worker_count == 0 {
+            return Err(env.error("WORKER_COUNT", "must be at least 1"));
+        }
+        env.boolean("WORKER_SINGLE_JOB_MODE", &mut c.worker_single_job_mode)?;
+        env.seconds("WORKER_STAGGER_SECONDS", &mut c.worker_stagger, false)?;
+        env.seconds("WORKER_COOLDOWN_SECONDS", &mut c.worker_cooldown, false)?;
+        env.seconds("RECENTLY_PROCESSED_SECONDS", &mut c.recently_processed, false)?;
+        env.float("MEMORY_THROTTLE_THRESHOLD", &mut c.memory_throttle_threshold, 0.0, 100.0)?;
+        env.float("MEMORY_RESUME_THRESHOLD", &mut c.memory_resume_threshold, 0.0, 100.0)?;
+        env.float("GPU_THROTTLE_THRESHOLD", &mut c.gpu_throttle_threshold, 0.0, 100.0)?;
+        env.float("GPU_RESUME_THRESHOLD", &mut c.gpu_resume_threshold, 0.0, 100.0)?;
+        env.float("SWAP_THROTTLE_THRESHOLD", &mut c.swap_throttle_threshold, 0.0, 100.0)?;
+        // Hysteresis needs a gap; equal thresholds would flap every sample.
+        if c.memory_resume_threshold >= c.memory_throttle_threshold {
+            return Err(env.error(
+                "MEMORY_RESUME_THRESHOLD",
+                "must be below MEMORY_THROTTLE_THRESHOLD",
+            ));
+        }
+        if c.gpu_resume_threshold >= c.gpu_throttle_threshold {
+            return Err(env.error("GPU_RESUME_THRESHOLD", "must be below GPU_THROTTLE_THRESHOLD"));
+        }
+        env.seconds("MEMORY_CHECK_INTERVAL", &mut c.memory_check_interval, true)?;
+        env.seconds("SCHEDULE_LOCK_TIMEOUT_SECONDS", &mut c.schedule_lock_timeout, true)?;
+        env.seconds("SCHEDULE_EXECUTION_TIMEOUT_SECONDS", &mut c.schedule_execution_timeout, true)?;
+        env.number("MAX_RUNS_PER_TICK", &mut c.max_runs_per_tick)?;
+        if c.max_runs_per_tick == 0 {
+            return Err(env.error("MAX_RUNS_PER_TICK", "must be at least 1"));
+        }
+        if let Some(zone) = env.get("DEFAULT_TIMEZONE") {
+            c.default_timezone = parse_timezone(&zone)
+                .map_err(|e| env.error("DEFAULT_TIMEZONE", &e.to_string()))?;
+        }
+        if let Some(url) = env.get("DATABASE_URL") {
+            validate_database_url(&url).map_err(|reason| env.error("DATABASE_URL", reason))?;
+            c.database_url = url;
+        }
+        env.path("PLAN_FILE", &mut c.plan_file)?;
+        env.path("SHUTDOWN_MARKER_FILE", &mut c.shutdown_marker_file)?;
+        env.parsed("HTTP_ADDR", &mut c.http_addr)?;
+        c.api_token = env.get("API_TOKEN");
+        if let Some(id) = env.get("INSTANCE_ID") {
+            c.instance_id = id;
+        }
+        if let Some(partition) = env.get("PARTITION") {
+            c.partition = Some(partition.parse().map_err(|e: String| env.error("PARTITION", &e))?);
+        }
+        if let Some(format) = env.get("LOG_FORMAT") {
+            c.log_format = match format.to_ascii_lowercase().as_str() {
+                "pretty" => LogFormat::Pretty,
+                "json" => LogFormat::Json,
+                _ => return Err(env.error("LOG_FORMAT", "expected pretty or json")),
+            };
+        }
+        env.boolean("COMMAND_ACTIONS_ENABLED", &mut c.command_actions_enabled)?;
+        env.boolean("HTTP_ACTION_ALLOW_PRIVATE", &mut c.http_action_allow_private)?;
+        env.parsed("SUPERVISOR_MAX_RESTARTS", &mut c.supervisor_max_restarts)?;
+        env.seconds("SUPERVISOR_RESTART_WINDOW_SECONDS", &mut c.supervisor_restart_window, true)?;
+        Ok(c)
+    }
+}
+
+fn validate_database_url(url: &str) -> Result<(), &'static str> {
+    let (scheme, rest) = url
+        .split_once(':')
+        .ok_or("expected sqlite://PATH, sqlite::memory: or postgres://USER@HOST/DB")?;
+    match scheme {
+        "sqlite" if !rest.trim_start_matches('/').is_empty() => Ok(()),
+        "postgres" | "postgresql" if rest.starts_with("//") && rest.len() > 2 => Ok(()),
+        "sqlite" | "postgres" | "postgresql" => Err("the URL has no path or host"),
+        _ => Err("unsupported scheme: expected sqlite or postgres"),
+    }
+}
+
+/// Reads one variable at a time so every error names its variable.
+struct Env<'a> {
+    lookup: &'a dyn Fn(&str) -> Option<String>,
+}
+
+impl Env<'_> {
+    /// Unset and empty are the same: `FOO=` in a .env file means "default".
+    fn get(&self, name: &str) -> Option<String> {
+        (self.lookup)(name)
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+    }
+
+    fn error(&self, variable: &'static str, reason: &str) -> ConfigError {
+        ConfigError {
+            variable,
+            value: self.get(variable).unwrap_or_default(),
+            reason: reason.to_string(),
+        }
+    }
+
+    fn parsed<T: FromStr>(&self, name: &'static str, slot: &mut T) -> Result<(), ConfigError> {
+        if let Some(text) = self.get(name) {
+            *slot = text.parse().map_err(|_| self.error(name, "not a valid value"))?;
+        }
+        Ok(())
+    }
+
+    fn number(&self, name: &'static str, slot: &mut usize) -> Result<(), ConfigError> {
+        if let Some(text) = self.get(name) {
+            *slot = text
+                .parse()
+                .map_err(|_| self.error(name, "expected a whole number"))?;
+        }
+        Ok(())
+    }
+
+    fn float(&self, name: &'static str, slot: &mut f64, min: f64, max: f64) -> Result<(), ConfigError> {
+        if let Some(text) = self.get(name) {
+            let value: f64 = text.parse().map_err(|_| self.error(name, "expected a number"))?;
+            if !(min..=max).contains(&value) {
+                return Err(self.error(name, &format!("must be between {min} and {max}")));
+            }
+            *slot = value;
+        }
+        Ok(())
+    }
+
+    /// Seconds, fractions allowed so tests can run with sub-second intervals.
+    fn seconds(&self, name: &'static str, slot: &mut Duration, positive: bool) -> Result<(), ConfigError> {
+        if let Some(text) = self.get(name) {
+            let value: f64 = text
+                .parse()
+                .map_err(|_| self.error(name, "expected a number of seconds"))?;
+            if !value.is_finite() || value < 0.0 || (positive && value == 0.0) {
+                let bound = if positive { "greater than 0" } else { "0 or more" };
+                return Err(self.error(name, &format!("must be {bound} seconds")));
+            }
+            *slot = Duration::from_secs_f64(value);
+        }
+        Ok(())
+    }
+
+    fn boolean(&self, name: &'static str, slot: &mut bool) -> Result<(), ConfigError> {
+        if let Some(text) = self.get(name) {
+            *slot = match text.to_ascii_lowercase().as_str() {
+                "true" | "1" | "yes" | "on" => true,
+                "false" | "0" | "no" | "off" => false,
+                _ => return Err(self.error(name, "expected true or false")),
+            };
+        }
+        Ok(())
+    }
+
+    fn path(&self, name: &'static str, slot: &mut PathBuf) -> Result<(), ConfigError> {
+        if let Some(text) = self.get(name) {
+            *slot = PathBuf::from(text);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let vars = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::from_map(&vars)
+    }
+
+    #[test]
+    fn defaults_match_the_design() {
+        let c = config(&[]).unwrap();
+        assert_eq!(c.plan_refresh_interval, Duration::from_secs(20));
+        assert_eq!(c.master_fetch_interval, Duration::from_secs(60));
+        assert_eq!(c.master_grace_period, Duration::from_secs(15));
+        assert!(c.worker_count >= 10);
+        assert!(c.worker_single_job_mode);
+        assert_eq!(c.worker_cooldown, Duration::from_secs(10));
+        assert_eq!(c.recently_processed, Duration::from_secs(30));
+        assert_eq!(c.memory_throttle_threshold, 90.0);
+        assert_eq!(c.swap_throttle_threshold, 70.0);
+        assert_eq!(c.schedule_lock_timeout, Duration::from_secs(300));
+        assert_eq!(c.schedule_execution_timeout, Duration::from_secs(600));
+        assert_eq!(c.max_runs_per_tick, 500);
+        assert_eq!(c.default_timezone, chrono_tz::Asia::Riyadh);
+        assert_eq!(c.database_url, "sqlite://data/ruled.db");
+        assert_eq!(c.plan_action_details_cap, 1500);
+        assert_eq!(c.plan_workflow_max_age, Duration::from_secs(86_400));
+        assert_eq!(c.http_addr.to_string(), "127.0.0.1:8080");
+        assert_eq!(c.api_token, None);
+        assert!(!c.instance_id.is_empty());
+    }
+
+    #[test]
+    fn every_bad_value_names_its_variable() {
+        let cases = [
+            ("EXECUTION_PLAN_REFRESH_SECONDS", "soon"),
+            ("EXECUTION_PLAN_REFRESH_SECONDS", "0"),
+            ("WORKER_COUNT", "-3"),
+            ("WORKER_SINGLE_JOB_MODE", "maybe"),
+            ("DEFAULT_TIMEZONE", "Mars/Olympus"),
+            ("DATABASE_URL", "mysql://x/y"),
+            ("DATABASE_URL", "not a url"),
+            ("HTTP_ADDR", "localhost"),
+            ("PARTITION", "3/3"),
+            ("LOG_FORMAT", "xml"),
+            ("MEMORY_THROTTLE_THRESHOLD", "120"),
+            ("MAX_RUNS_PER_TICK", "0"),
+        ];
+        for (variable, value) in cases {
+            let err = config(&[(variable, value)]).unwrap_err();
+            assert_eq!(err.variable, variable, "{value}");
+            assert!(err.to_string().contains(variable), "{err}");
+        }
+    }
+
+    #[test]
+    fn resume_must_be_below_throttle() {
+        let err = config(&[("MEMORY_RESUME_THRESHOLD", "95")]).unwrap_err();
+        assert_eq!(err.variable, "MEMORY_RESUME_THRESHOLD");
+        let err = config(&[("GPU_THROTTLE_THRESHOLD", "70")]).unwrap_err();
+        assert_eq!(err.variable, "GPU_RESUME_THRESHOLD");
+    }
+
+    #[test]
+    fn values_are_read() {
+        let c = config(&[
+            ("EXECUTION_PLAN_REFRESH_SECONDS", "0.25"),
+            ("PARTITION", "1/3"),
+            ("DEFAULT_TIMEZONE", "America/New_York"),
+            ("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test"),
+            ("LOG_FORMAT", "json"),
+            ("API_TOKEN", "s3cret"),
+            ("EMPTY_IS_DEFAULT", ""),
+            ("WORKER_COUNT", ""),
+        ])
+        .unwrap();
+        assert_eq!(c.plan_refresh_interval, Duration::from_millis(250));
+        assert_eq!(c.partition, Some(Partition { index: 1, count: 3 }));
+        assert_eq!(c.default_timezone, chrono_tz::America::New_York);
+        assert_eq!(c.log_format, LogFormat::Json);
+        assert_eq!(c.api_token.as_deref(), Some("s3cret"));
+        assert!(c.worker_count >= 10);
+    }
+}

@@ -1,0 +1,48 @@
+//! # ruled
+//!
+//! A long-running service that runs scheduled business rules and never loses
+//! one. Brands have branches; each branch applies rules. A branch rule has a
+//! cron schedule in the branch's own time zone and an optional daily
+//! operation window; when it is due and inside its window, ruled runs it.
+//!
+//! ## The actor tree
+//!
+//! ```text
+//! RootSupervisor                 supervision/mod.rs   restarts children, escalates
+//!  ├─ WriterActor                actors/writer.rs     debounced atomic plan-file writes
+//!  ├─ PlanActor                  actors/plan.rs       owns the ExecutionPlan (single writer)
+//!  └─ RefresherActor             actors/refresher.rs  loads the plan from SQL, smart merge
+//! ```
+//!
+//! Actors share no mutable state: they talk through the typed messages in
+//! [`messages`], one enum per actor, and find each other by name through
+//! the [`supervision::Directory`], so a restarted actor is found again.
+//!
+//! ## Layout
+//!
+//! | module | what it does |
+//! |---|---|
+//! | [`actors`] | one actor per file; thin shells around the pure modules |
+//! | [`messages`] | one message enum per actor |
+//! | [`supervision`] | root supervisor, restart policy (pure), directory |
+//! | [`plan`] | `ExecutionPlan`, ready filter, smart merge, local next run (pure) |
+//! | [`schedule`] | cron, time zones, windows, DST, preview (pure) |
+//! | [`store`] | sqlx queries and migrations for SQLite and PostgreSQL |
+//! | [`persist`] | the plan file and shutdown marker, written atomically |
+//! | [`service`] | start-up, crash recovery, graceful shutdown |
+//! | [`commands`] | the `ruled plan`, `preview` and `demo` commands |
+//! | [`config`], [`clock`], [`metrics`], [`model`] | configuration, time, metric names, rows |
+
+pub mod actors;
+pub mod clock;
+pub mod commands;
+pub mod config;
+pub mod messages;
+pub mod metrics;
+pub mod model;
+pub mod persist;
+pub mod plan;
+pub mod schedule;
+pub mod service;
+pub mod store;
+pub mod supervision;

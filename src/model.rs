@@ -1,0 +1,139 @@
+//! The rows of DESIGN.md §2 as Rust types, shared by the store, the plan and
+//! the API. Times are UTC epoch milliseconds, exactly as stored.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::schedule::TimeOfDay;
+
+/// UTC epoch milliseconds.
+pub type Millis = i64;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Brand {
+    pub id: Uuid,
+    pub name: String,
+    pub settings: Value,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Branch {
+    pub id: Uuid,
+    pub brand_id: Uuid,
+    pub name: String,
+    /// IANA zone name; `None` means DEFAULT_TIMEZONE.
+    pub timezone: Option<String>,
+    pub is_active: bool,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RuleStatus {
+    Active,
+    Inactive,
+}
+
+impl RuleStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RuleStatus::Active => "active",
+            RuleStatus::Inactive => "inactive",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<RuleStatus> {
+        match text {
+            "active" => Some(RuleStatus::Active),
+            "inactive" => Some(RuleStatus::Inactive),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Rule {
+    pub id: Uuid,
+    /// `None` is a global rule, usable by every brand.
+    pub brand_id: Option<Uuid>,
+    pub name: String,
+    pub status: RuleStatus,
+    pub cron_expression: String,
+    pub settings: Value,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BrandRule {
+    pub id: Uuid,
+    pub brand_id: Uuid,
+    pub rule_id: Uuid,
+    pub settings: Value,
+    /// Overrides the rule's expression when set.
+    pub cron_expression: Option<String>,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ActionTemplate {
+    pub id: Uuid,
+    pub name: String,
+    /// `noop`, `sleep`, `http`, `command`, or a kind registered by a library user.
+    pub kind: String,
+    pub config: Value,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BranchRule {
+    pub id: Uuid,
+    pub branch_id: Uuid,
+    pub rule_id: Uuid,
+    pub brand_rule_id: Option<Uuid>,
+    pub is_active: bool,
+    pub is_archived: bool,
+    pub is_force_stopped: bool,
+    pub is_currently_running: bool,
+    pub operation_time_from: Option<TimeOfDay>,
+    pub operation_time_to: Option<TimeOfDay>,
+    pub next_run_time: Option<Millis>,
+    pub last_run_time: Option<Millis>,
+    pub lock_holder: Option<String>,
+    pub lock_time: Option<Millis>,
+    pub lock_epoch: i64,
+    pub params: Value,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ActionDetail {
+    pub id: Uuid,
+    pub branch_rule_id: Uuid,
+    pub action_template_id: Uuid,
+    pub position: i32,
+    pub params: Value,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+}
+
+/// Everything the refresher reads from SQL in one pass: the server side of a
+/// merge (seed 000's `get-execution-plan-v2`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PlanData {
+    pub brands: Vec<Brand>,
+    pub branches: Vec<Branch>,
+    pub rules: Vec<Rule>,
+    pub brand_rules: Vec<BrandRule>,
+    pub action_templates: Vec<ActionTemplate>,
+    pub branch_rules: Vec<BranchRule>,
+    /// Ordered by (branch_rule_id, position) and capped at PLAN_ACTION_DETAILS_CAP.
+    pub action_details: Vec<ActionDetail>,
+}

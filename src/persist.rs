@@ -1,0 +1,201 @@
+//! The files ruled keeps beside its database: the plan file and the
+//! shutdown marker. Every write is atomic: temp file in the same directory,
+//! fsync, rename, fsync of the directory, mode 0600. A reader therefore sees
+//! the old file or the new one, never a torn mix, even after SIGKILL or
+//! power loss.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::Millis;
+use crate::plan::PlanSnapshot;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PersistError {
+    #[error("cannot write {path}: {source}")]
+    Write { path: PathBuf, source: io::Error },
+    #[error("cannot read {path}: {source}")]
+    Read { path: PathBuf, source: io::Error },
+    #[error("{path} is not a valid {what}: {source}")]
+    Corrupt {
+        path: PathBuf,
+        what: &'static str,
+        source: serde_json::Error,
+    },
+}
+
+/// Writes `bytes` to `path` atomically with mode 0600.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), PersistError> {
+    let fail = |source| PersistError::Write {
+        path: path.to_path_buf(),
+        source,
+    };
+    let directory = match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    fs::create_dir_all(&directory).map_err(fail)?;
+    let file_name = path.file_name().map_or_else(
+        || "plan".into(),
+        |name| name.to_string_lossy().into_owned(),
+    );
+    // The pid keeps two processes sharing a directory from clobbering each
+    // other's temp file; the leading dot keeps it out of casual listings.
+    let temp = directory.join(format!(".{file_name}.{}.tmp", std::process::id()));
+    let result = (|| {
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&temp)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        drop(file);
+        fs::rename(&temp, path)?;
+        // The rename is only durable once the directory entry is on disk.
+        File::open(&directory)?.sync_all()
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&temp);
+    }
+    result.map_err(fail)
+}
+
+/// Writes the plan snapshot to `path` atomically.
+pub fn write_plan_file(path: &Path, snapshot: &PlanSnapshot) -> Result<usize, PersistError> {
+    let bytes = snapshot.to_json();
+    write_atomic(path, &bytes)?;
+    Ok(bytes.len())
+}
+
+/// Reads the plan file. `Ok(None)` when there is none; a corrupt file is an
+/// error the caller logs and ignores (the database rebuilds the plan).
+pub fn read_plan_file(path: &Path) -> Result<Option<PlanSnapshot>, PersistError> {
+    let bytes = match fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(PersistError::Read {
+                path: path.to_path_buf(),
+                source,
+            });
+        }
+    };
+    PlanSnapshot::from_json(&bytes)
+        .map(Some)
+        .map_err(|source| PersistError::Corrupt {
+            path: path.to_path_buf(),
+            what: "plan file",
+            source,
+        })
+}
+
+/// Seed 000's marker: written when a graceful shutdown begins. Finding it at
+/// the next start means the last stop was clean; its absence means a crash.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShutdownMarker {
+    pub shutdown_started_at: Millis,
+    pub pid: u32,
+    pub signal: String,
+}
+
+pub fn write_marker(path: &Path, marker: &ShutdownMarker) -> Result<(), PersistError> {
+    let bytes = serde_json::to_vec_pretty(marker).expect("marker serializes");
+    write_atomic(path, &bytes)
+}
+
+/// How the previous run ended, judged from the marker file.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PreviousStop {
+    /// No marker and no plan file: nothing ran here before.
+    FirstStart,
+    Clean(ShutdownMarker),
+    /// A plan file exists but no marker: the process died without a
+    /// graceful shutdown.
+    Crash,
+    /// The marker exists but cannot be read.
+    Unknown(String),
+}
+
+/// Reads and removes the marker, so the next start judges this run.
+pub fn take_marker(marker_path: &Path, plan_path: &Path) -> PreviousStop {
+    let stop = match fs::read(marker_path) {
+        Ok(bytes) => match serde_json::from_slice(&bytes) {
+            Ok(marker) => PreviousStop::Clean(marker),
+            Err(e) => PreviousStop::Unknown(format!("{}: {e}", marker_path.display())),
+        },
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            if plan_path.exists() {
+                PreviousStop::Crash
+            } else {
+                PreviousStop::FirstStart
+            }
+        }
+        Err(e) => PreviousStop::Unknown(format!("{}: {e}", marker_path.display())),
+    };
+    let _ = fs::remove_file(marker_path);
+    stop
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn atomic_write_replaces_the_file_with_mode_0600() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nested/plan.json");
+        write_atomic(&path, b"one").unwrap();
+        write_atomic(&path, b"two").unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"two");
+        let mode = fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let leftovers: Vec<_> = fs::read_dir(path.parent().unwrap())
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+            .collect();
+        assert!(leftovers.is_empty());
+    }
+
+    #[test]
+    fn a_corrupt_plan_file_is_an_error_and_a_missing_one_is_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("plan.json");
+        assert!(read_plan_file(&path).unwrap().is_none());
+        fs::write(&path, b"{\"workflows\": [tru").unwrap();
+        let err = read_plan_file(&path).unwrap_err();
+        assert!(err.to_string().contains("plan.json"), "{err}");
+        let snapshot = PlanSnapshot {
+            saved_at: 42,
+            ..PlanSnapshot::default()
+        };
+        write_plan_file(&path, &snapshot).unwrap();
+        assert_eq!(read_plan_file(&path).unwrap(), Some(snapshot));
+    }
+
+    #[test]
+    fn the_marker_tells_a_clean_stop_from_a_crash() {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("marker.json");
+        let plan = dir.path().join("plan.json");
+        assert_eq!(take_marker(&marker, &plan), PreviousStop::FirstStart);
+        fs::write(&plan, b"{}").unwrap();
+        assert_eq!(take_marker(&marker, &plan), PreviousStop::Crash);
+        let written = ShutdownMarker {
+            shutdown_started_at: 7,
+            pid: 99,
+            signal: "SIGTERM".into(),
+        };
+        write_marker(&marker, &written).unwrap();
+        assert_eq!(take_marker(&marker, &plan), PreviousStop::Clean(written));
+        assert!(!marker.exists(), "taken, so the next start judges the next stop");
+        assert_eq!(take_marker(&marker, &plan), PreviousStop::Crash);
+    }
+}

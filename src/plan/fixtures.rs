@@ -1,0 +1,93 @@
+//! A minimal consistent plan for unit tests: one brand, branch, rule and
+//! branch rule, each field changeable before building the plan.
+
+use serde_json::json;
+use uuid::Uuid;
+
+use super::ExecutionPlan;
+use crate::model::*;
+
+pub struct Fixture {
+    pub brand: Brand,
+    pub branch: Branch,
+    pub rule: Rule,
+    pub branch_rule: BranchRule,
+    pub workflow_id: Uuid,
+}
+
+impl Fixture {
+    /// An active branch rule due at `next_run_time`, every 5 minutes.
+    pub fn due(next_run_time: Millis) -> Fixture {
+        let brand = Brand {
+            id: Uuid::from_u128(0xB1),
+            name: "brand".into(),
+            settings: json!({}),
+            created_at: 0,
+            updated_at: 0,
+        };
+        let branch = Branch {
+            id: Uuid::from_u128(0xB2),
+            brand_id: brand.id,
+            name: "branch".into(),
+            timezone: None,
+            is_active: true,
+            created_at: 0,
+            updated_at: 0,
+        };
+        let rule = Rule {
+            id: Uuid::from_u128(0xB3),
+            brand_id: Some(brand.id),
+            name: "rule".into(),
+            status: RuleStatus::Active,
+            cron_expression: "*/5 * * * *".into(),
+            settings: json!({}),
+            created_at: 0,
+            updated_at: 0,
+        };
+        let branch_rule = branch_rule(Uuid::from_u128(0xB4), branch.id, rule.id, next_run_time);
+        Fixture {
+            workflow_id: branch_rule.id,
+            brand,
+            branch,
+            rule,
+            branch_rule,
+        }
+    }
+
+    pub fn data(&self) -> PlanData {
+        PlanData {
+            brands: vec![self.brand.clone()],
+            branches: vec![self.branch.clone()],
+            rules: vec![self.rule.clone()],
+            branch_rules: vec![self.branch_rule.clone()],
+            ..PlanData::default()
+        }
+    }
+
+    pub fn plan(&self) -> ExecutionPlan {
+        ExecutionPlan::from_data(self.data())
+    }
+}
+
+pub fn branch_rule(id: Uuid, branch_id: Uuid, rule_id: Uuid, next_run_time: Millis) -> BranchRule {
+    BranchRule {
+        id,
+        branch_id,
+        rule_id,
+        brand_rule_id: None,
+        is_active: true,
+        is_archived: false,
+        is_force_stopped: false,
+        is_currently_running: false,
+        operation_time_from: None,
+        operation_time_to: None,
+        next_run_time: Some(next_run_time),
+        last_run_time: None,
+        lock_holder: None,
+        lock_time: None,
+        lock_epoch: 0,
+        params: serde_json::Value::Null,
+        created_at: 0,
+        updated_at: 0,
+    }
+}

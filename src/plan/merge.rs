@@ -1,0 +1,365 @@
+//! Smart merge (seed 000): folds what the database says into the local plan
+//! without losing what only this instance knows yet.
+
+use std::time::Duration;
+
+use serde::Serialize;
+use uuid::Uuid;
+
+use super::{ExecutionPlan, Workflow};
+use crate::model::{Millis, PlanData};
+
+#[derive(Debug, Clone, Copy)]
+pub struct MergeOptions {
+    /// Rule 5: the first refresh after start trusts the database completely.
+    pub first_refresh: bool,
+    /// Rule 2: local changes younger than this (the refresh interval) win.
+    pub recent_window: Duration,
+    /// Rule 4: workflows missing from the database are dropped after this.
+    pub max_age: Duration,
+}
+
+impl Default for MergeOptions {
+    fn default() -> Self {
+        MergeOptions {
+            first_refresh: false,
+            recent_window: Duration::from_secs(20),
+            max_age: Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
+/// A changed next_run_time, for seed 000's
+/// `🔄 Updated workflow {id}: next_run_time X → Y` line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NextRunChange {
+    pub id: Uuid,
+    pub from: Option<Millis>,
+    pub to: Option<Millis>,
+}
+
+/// The one-line diff each refresh logs.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct MergeReport {
+    /// Rule 3: new in the database.
+    pub added: usize,
+    /// Database values taken over local ones.
+    pub updated: usize,
+    /// Rule 4: newly missing from the database; no longer ready.
+    pub removed: usize,
+    /// Rules 1 and 2: local values kept over the database's.
+    pub preserved: usize,
+    /// Rule 4: missing for longer than the max age and dropped from memory.
+    pub pruned: usize,
+    /// At most [`MergeReport::NEXT_RUN_CHANGES_LOGGED`] of the next-run changes.
+    pub next_run_changes: Vec<NextRunChange>,
+}
+
+impl MergeReport {
+    /// Enough to debug with, bounded so a mass change cannot flood the log.
+    pub const NEXT_RUN_CHANGES_LOGGED: usize = 20;
+
+    pub fn is_empty(&self) -> bool {
+        self.added + self.updated + self.removed + self.pruned == 0
+    }
+
+    fn note_next_run_change(&mut self, id: Uuid, from: Option<Millis>, to: Option<Millis>) {
+        if from != to && self.next_run_changes.len() < Self::NEXT_RUN_CHANGES_LOGGED {
+            self.next_run_changes.push(NextRunChange { id, from, to });
+        }
+    }
+}
+
+/// Merges the database's view into `plan` at `now` following seed 000's five
+/// rules, and reports what changed.
+pub fn merge(
+    plan: &mut ExecutionPlan,
+    server: PlanData,
+    now: Millis,
+    options: MergeOptions,
+) -> MergeReport {
+    let mut report = MergeReport::default();
+    let generation = plan.next_generation();
+    let recent_ms = options.recent_window.as_millis() as Millis;
+    let max_age_ms = options.max_age.as_millis() as Millis;
+
+    // Lookup tables carry no local state: the database is always right.
+    plan.replace_tables(
+        server.brands,
+        server.branches,
+        server.rules,
+        server.brand_rules,
+        server.action_templates,
+        server.action_details,
+    );
+
+    for row in server.branch_rules {
+        let id = row.id;
+        let Some(local) = plan.workflows.get(&id) else {
+            let mut workflow = Workflow::new(row);
+            workflow.seen_generation = generation;
+            plan.insert(workflow);
+            report.added += 1;
+            continue;
+        };
+
+        let local_row = &local.branch_rule;
+        let recently_changed_here = local
+            .locally_updated_at
+            .is_some_and(|at| now - at < recent_ms);
+        let running_here = local_row.is_currently_running && !row.is_currently_running;
+        let reappeared = local.missing_since.is_some();
+
+        if !options.first_refresh && recently_changed_here {
+            // Rule 2: the database has not caught up with our own write yet.
+            if *local_row != row {
+                report.preserved += 1;
+            }
+            plan.update(&id, |w| {
+                w.seen_generation = generation;
+                w.missing_since = None;
+            });
+            continue;
+        }
+
+        let from = local_row.next_run_time;
+        let to = row.next_run_time;
+        let changed = *local_row != row || reappeared;
+        if !options.first_refresh && running_here {
+            // Rule 1: a job is in flight here; the server has not heard yet.
+            report.preserved += 1;
+            report.note_next_run_change(id, from, to);
+            plan.update(&id, |w| {
+                w.branch_rule = row;
+                w.branch_rule.is_currently_running = true;
+                w.missing_since = None;
+                w.seen_generation = generation;
+            });
+            continue;
+        }
+
+        if changed {
+            report.updated += 1;
+            report.note_next_run_change(id, from, to);
+        }
+        plan.update(&id, |w| {
+            if changed {
+                w.branch_rule = row;
+            }
+            w.missing_since = None;
+            w.seen_generation = generation;
+            // Rule 5: on the first refresh nothing local survives.
+            if options.first_refresh {
+                w.locally_updated_at = None;
+            }
+        });
+    }
+
+    // Sweep for workflows the database no longer returned (rule 4).
+    let mut newly_missing = Vec::new();
+    let mut to_prune = Vec::new();
+    for workflow in plan.workflows.values() {
+        if workflow.seen_generation == generation {
+            continue;
+        }
+        let running = workflow.branch_rule.is_currently_running;
+        match workflow.missing_since {
+            _ if options.first_refresh => to_prune.push(workflow.id()),
+            None => newly_missing.push(workflow.id()),
+            // A job still in flight keeps its workflow until it finishes.
+            Some(since) if now - since >= max_age_ms && !running => to_prune.push(workflow.id()),
+            Some(_) => {}
+        }
+    }
+    for id in newly_missing {
+        plan.update(&id, |w| w.missing_since = Some(now));
+        report.removed += 1;
+    }
+    for id in to_prune {
+        let was_visible = plan.remove(&id).is_some_and(|w| w.missing_since.is_none());
+        if was_visible {
+            report.removed += 1;
+        }
+        report.pruned += 1;
+    }
+    report
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::fixtures::*;
+    use crate::plan::ready;
+    use chrono_tz::Asia::Riyadh;
+
+    const NOW: Millis = 1_800_000_000_000;
+    const HOUR: Millis = 3_600_000;
+
+    fn options() -> MergeOptions {
+        MergeOptions {
+            first_refresh: false,
+            recent_window: Duration::from_secs(20),
+            max_age: Duration::from_secs(24 * 3600),
+        }
+    }
+
+    #[test]
+    fn rule_1_a_locally_running_workflow_stays_running() {
+        let fixture = Fixture::due(NOW - 1);
+        let mut plan = fixture.plan();
+        let id = fixture.workflow_id;
+        // Marked long enough ago that rule 2 no longer applies.
+        plan.mark_running(&id, NOW - 60_000);
+        let mut server = fixture.data();
+        server.branch_rules[0].last_run_time = Some(NOW - 5);
+        let report = merge(&mut plan, server, NOW, options());
+        assert_eq!(report.preserved, 1);
+        let workflow = plan.get(&id).unwrap();
+        assert!(workflow.branch_rule.is_currently_running);
+        assert_eq!(workflow.branch_rule.last_run_time, Some(NOW - 5), "other fields follow the database");
+        assert!(ready(&plan, NOW, 500, Riyadh).is_empty());
+    }
+
+    #[test]
+    fn rule_2_recent_local_updates_win_for_one_refresh_interval() {
+        let fixture = Fixture::due(NOW - 1);
+        let mut plan = fixture.plan();
+        let id = fixture.workflow_id;
+        let mut row = fixture.branch_rule.clone();
+        row.next_run_time = Some(NOW + HOUR);
+        plan.apply_post_process(row, NOW - 5_000);
+
+        // The database still has the old next_run_time: stale, ignored.
+        let report = merge(&mut plan, fixture.data(), NOW, options());
+        assert_eq!(report.preserved, 1);
+        assert_eq!(report.updated, 0);
+        assert_eq!(plan.get(&id).unwrap().branch_rule.next_run_time, Some(NOW + HOUR));
+
+        // A refresh interval later the database is trusted again.
+        let report = merge(&mut plan, fixture.data(), NOW + 20_000, options());
+        assert_eq!(report.updated, 1);
+        assert_eq!(plan.get(&id).unwrap().branch_rule.next_run_time, Some(NOW - 1));
+        assert_eq!(
+            report.next_run_changes,
+            vec![NextRunChange { id, from: Some(NOW + HOUR), to: Some(NOW - 1) }]
+        );
+    }
+
+    #[test]
+    fn rule_3_new_workflows_are_added() {
+        let fixture = Fixture::due(NOW - 1);
+        let mut plan = fixture.plan();
+        let mut server = fixture.data();
+        let new_id = Uuid::from_u128(0xA11);
+        server
+            .branch_rules
+            .push(branch_rule(new_id, fixture.branch.id, fixture.rule.id, NOW - 2));
+        let report = merge(&mut plan, server, NOW, options());
+        assert_eq!((report.added, report.updated, report.removed), (1, 0, 0));
+        assert_eq!(ready(&plan, NOW, 500, Riyadh), vec![new_id, fixture.workflow_id]);
+    }
+
+    #[test]
+    fn rule_4_missing_workflows_stop_being_ready_at_once_and_are_pruned_later() {
+        let fixture = Fixture::due(NOW - 1);
+        let mut plan = fixture.plan();
+        let id = fixture.workflow_id;
+        let mut server = fixture.data();
+        server.branch_rules.clear();
+
+        let report = merge(&mut plan, server.clone(), NOW, options());
+        assert_eq!(report.removed, 1);
+        assert_eq!(report.pruned, 0);
+        assert!(plan.get(&id).is_some(), "kept in memory for now");
+        assert!(ready(&plan, NOW, 500, Riyadh).is_empty(), "but never ready");
+
+        let report = merge(&mut plan, server.clone(), NOW + 23 * HOUR, options());
+        assert_eq!((report.removed, report.pruned), (0, 0));
+        assert!(plan.get(&id).is_some());
+
+        let report = merge(&mut plan, server, NOW + 24 * HOUR, options());
+        assert_eq!(report.pruned, 1);
+        assert!(plan.get(&id).is_none());
+        assert!(plan.is_empty());
+    }
+
+    #[test]
+    fn rule_4_a_running_workflow_is_not_pruned_until_it_finishes() {
+        let fixture = Fixture::due(NOW - 1);
+        let mut plan = fixture.plan();
+        let id = fixture.workflow_id;
+        plan.mark_running(&id, NOW - HOUR);
+        let mut server = fixture.data();
+        server.branch_rules.clear();
+        merge(&mut plan, server.clone(), NOW, options());
+        let report = merge(&mut plan, server, NOW + 25 * HOUR, options());
+        assert_eq!(report.pruned, 0);
+        assert!(plan.get(&id).is_some());
+    }
+
+    #[test]
+    fn rule_4_a_workflow_that_reappears_is_ready_again() {
+        let fixture = Fixture::due(NOW - 1);
+        let mut plan = fixture.plan();
+        let mut empty = fixture.data();
+        empty.branch_rules.clear();
+        merge(&mut plan, empty, NOW, options());
+        let report = merge(&mut plan, fixture.data(), NOW + 1_000, options());
+        assert_eq!(report.updated, 1);
+        assert_eq!(ready(&plan, NOW + 1_000, 500, Riyadh), vec![fixture.workflow_id]);
+    }
+
+    #[test]
+    fn rule_5_the_first_refresh_trusts_the_database_completely() {
+        let fixture = Fixture::due(NOW - 1);
+        let mut plan = fixture.plan();
+        let id = fixture.workflow_id;
+        plan.mark_running(&id, NOW);
+        let mut stale = fixture.branch_rule.clone();
+        stale.id = Uuid::from_u128(0xDEAD);
+        plan.insert(Workflow::new(stale));
+
+        let first = MergeOptions { first_refresh: true, ..options() };
+        let report = merge(&mut plan, fixture.data(), NOW, first);
+        let workflow = plan.get(&id).unwrap();
+        assert!(!workflow.branch_rule.is_currently_running, "running flag from the database");
+        assert_eq!(workflow.locally_updated_at, None);
+        assert!(plan.get(&Uuid::from_u128(0xDEAD)).is_none(), "gone at once, no grace period");
+        assert_eq!((report.updated, report.removed, report.pruned), (1, 1, 1));
+        assert_eq!(ready(&plan, NOW, 500, Riyadh), vec![id]);
+    }
+
+    #[test]
+    fn an_unchanged_database_changes_nothing() {
+        let fixture = Fixture::due(NOW - 1);
+        let mut plan = fixture.plan();
+        let before = plan.snapshot(0);
+        let report = merge(&mut plan, fixture.data(), NOW, options());
+        assert!(report.is_empty(), "{report:?}");
+        assert_eq!(plan.snapshot(0), before);
+    }
+
+    #[test]
+    fn lookup_tables_follow_the_database() {
+        let mut fixture = Fixture::due(NOW - 1);
+        let mut plan = fixture.plan();
+        fixture.branch.is_active = false;
+        merge(&mut plan, fixture.data(), NOW, options());
+        assert!(ready(&plan, NOW, 500, Riyadh).is_empty());
+    }
+
+    #[test]
+    fn snapshots_round_trip() {
+        let fixture = Fixture::due(NOW - 1);
+        let mut plan = fixture.plan();
+        plan.mark_running(&fixture.workflow_id, NOW);
+        let snapshot = plan.snapshot(NOW);
+        let bytes = snapshot.to_json();
+        let restored = crate::plan::PlanSnapshot::from_json(&bytes).unwrap();
+        assert_eq!(restored, snapshot);
+        let mut rebuilt = ExecutionPlan::from_snapshot(restored);
+        assert_eq!(rebuilt.snapshot(NOW), snapshot);
+        assert_eq!(rebuilt.reset_running_flags(), 1);
+        assert_eq!(ready(&rebuilt, NOW, 500, Riyadh), vec![fixture.workflow_id]);
+    }
+}

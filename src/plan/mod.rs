@@ -1,0 +1,401 @@
+//! The in-memory execution plan (seed 000). Pure: no I/O, no actors.
+//!
+//! Workflows (branch rules) are kept by id, with their branch, rule, brand
+//! rule and brand in lookup tables so a workflow costs a few hundred bytes.
+//! A `BTreeSet` over `(next_run_time, id)` is the due index: finding what is
+//! ready walks only the entries that are already due, in the deterministic
+//! order the master dispatches them.
+
+mod merge;
+mod next_run;
+mod ready;
+
+use std::collections::{BTreeSet, HashMap};
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::model::{
+    ActionDetail, ActionTemplate, Brand, BrandRule, Branch, BranchRule, Millis, PlanData, Rule,
+};
+
+pub use merge::{MergeOptions, MergeReport, NextRunChange, merge};
+pub use next_run::{PlanError, local_next_run_time, schedule_of};
+pub use ready::{NotReady, check_ready, ready};
+
+/// One branch rule as the plan holds it, with the bookkeeping smart merge needs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Workflow {
+    pub branch_rule: BranchRule,
+    /// When this instance itself last changed the workflow (marked it
+    /// running, post-processed it). Merge rule 2 keeps such local values
+    /// over database values for one refresh interval.
+    #[serde(default)]
+    pub locally_updated_at: Option<Millis>,
+    /// When the database stopped returning the workflow. From then on it is
+    /// never ready; it is pruned after PLAN_WORKFLOW_MAX_AGE_HOURS.
+    #[serde(default)]
+    pub missing_since: Option<Millis>,
+    /// The merge generation that last saw this workflow in the database; the
+    /// sweep after a merge finds the missing ones without a set of all ids.
+    #[serde(skip)]
+    seen_generation: u64,
+}
+
+/// Equality ignores the merge generation: it is sweep bookkeeping, not state.
+impl PartialEq for Workflow {
+    fn eq(&self, other: &Self) -> bool {
+        self.branch_rule == other.branch_rule
+            && self.locally_updated_at == other.locally_updated_at
+            && self.missing_since == other.missing_since
+    }
+}
+
+impl Workflow {
+    pub fn new(branch_rule: BranchRule) -> Workflow {
+        Workflow {
+            branch_rule,
+            locally_updated_at: None,
+            missing_since: None,
+            seen_generation: 0,
+        }
+    }
+
+    pub fn id(&self) -> Uuid {
+        self.branch_rule.id
+    }
+}
+
+/// Counts for the `ruled_plan_workflows{state}` gauge and `GET /plan`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlanStats {
+    pub workflows: usize,
+    pub active: usize,
+    pub inactive: usize,
+    pub running: usize,
+    pub removed: usize,
+    pub due: usize,
+    pub branches: usize,
+    pub rules: usize,
+    pub brands: usize,
+    pub action_templates: usize,
+    pub action_details: usize,
+}
+
+/// What the plan file holds: the plan's tables as lists, so the file is
+/// readable and stable across versions of the in-memory layout.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PlanSnapshot {
+    pub saved_at: Millis,
+    pub workflows: Vec<Workflow>,
+    pub brands: Vec<Brand>,
+    pub branches: Vec<Branch>,
+    pub rules: Vec<Rule>,
+    pub brand_rules: Vec<BrandRule>,
+    pub action_templates: Vec<ActionTemplate>,
+    pub action_details: Vec<ActionDetail>,
+}
+
+impl PlanSnapshot {
+    pub fn to_json(&self) -> Vec<u8> {
+        // Serializing plain data structures to a Vec cannot fail.
+        serde_json::to_vec(self).expect("plan snapshot serializes")
+    }
+
+    pub fn from_json(bytes: &[u8]) -> Result<PlanSnapshot, serde_json::Error> {
+        serde_json::from_slice(bytes)
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ExecutionPlan {
+    workflows: HashMap<Uuid, Workflow>,
+    due_index: BTreeSet<(Millis, Uuid)>,
+    branches: HashMap<Uuid, Branch>,
+    rules: HashMap<Uuid, Rule>,
+    brands: HashMap<Uuid, Brand>,
+    brand_rules: HashMap<Uuid, BrandRule>,
+    action_templates: HashMap<Uuid, ActionTemplate>,
+    /// Seed 000's workflow cache: action details by branch rule, in position order.
+    action_details: HashMap<Uuid, Vec<ActionDetail>>,
+    merge_generation: u64,
+}
+
+fn by_id<T>(items: Vec<T>, id: impl Fn(&T) -> Uuid) -> HashMap<Uuid, T> {
+    items.into_iter().map(|item| (id(&item), item)).collect()
+}
+
+impl ExecutionPlan {
+    pub fn new() -> ExecutionPlan {
+        ExecutionPlan::default()
+    }
+
+    /// A plan that trusts `data` completely, as the first refresh does.
+    pub fn from_data(data: PlanData) -> ExecutionPlan {
+        let mut plan = ExecutionPlan::new();
+        merge(
+            &mut plan,
+            data,
+            0,
+            MergeOptions {
+                first_refresh: true,
+                ..MergeOptions::default()
+            },
+        );
+        plan
+    }
+
+    pub fn from_snapshot(snapshot: PlanSnapshot) -> ExecutionPlan {
+        let mut plan = ExecutionPlan::new();
+        plan.replace_tables(
+            snapshot.brands,
+            snapshot.branches,
+            snapshot.rules,
+            snapshot.brand_rules,
+            snapshot.action_templates,
+            snapshot.action_details,
+        );
+        for workflow in snapshot.workflows {
+            plan.insert(workflow);
+        }
+        plan
+    }
+
+    pub fn snapshot(&self, saved_at: Millis) -> PlanSnapshot {
+        let mut workflows: Vec<Workflow> = self.workflows.values().cloned().collect();
+        // Sorted so two saves of the same plan are byte-identical.
+        workflows.sort_by_key(Workflow::id);
+        PlanSnapshot {
+            saved_at,
+            workflows,
+            brands: sorted_values(&self.brands, |b| b.id),
+            branches: sorted_values(&self.branches, |b| b.id),
+            rules: sorted_values(&self.rules, |r| r.id),
+            brand_rules: sorted_values(&self.brand_rules, |r| r.id),
+            action_templates: sorted_values(&self.action_templates, |t| t.id),
+            action_details: {
+                let mut details: Vec<ActionDetail> =
+                    self.action_details.values().flatten().cloned().collect();
+                details.sort_by_key(|d| (d.branch_rule_id, d.position, d.id));
+                details
+            },
+        }
+    }
+
+    pub(crate) fn replace_tables(
+        &mut self,
+        brands: Vec<Brand>,
+        branches: Vec<Branch>,
+        rules: Vec<Rule>,
+        brand_rules: Vec<BrandRule>,
+        action_templates: Vec<ActionTemplate>,
+        action_details: Vec<ActionDetail>,
+    ) {
+        self.brands = by_id(brands, |b| b.id);
+        self.branches = by_id(branches, |b| b.id);
+        self.rules = by_id(rules, |r| r.id);
+        self.brand_rules = by_id(brand_rules, |r| r.id);
+        self.action_templates = by_id(action_templates, |t| t.id);
+        let mut grouped: HashMap<Uuid, Vec<ActionDetail>> = HashMap::new();
+        for detail in action_details {
+            grouped.entry(detail.branch_rule_id).or_default().push(detail);
+        }
+        for details in grouped.values_mut() {
+            details.sort_by_key(|d| (d.position, d.id));
+        }
+        self.action_details = grouped;
+    }
+
+    pub fn len(&self) -> usize {
+        self.workflows.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.workflows.is_empty()
+    }
+
+    pub fn get(&self, id: &Uuid) -> Option<&Workflow> {
+        self.workflows.get(id)
+    }
+
+    pub fn workflows(&self) -> impl Iterator<Item = &Workflow> {
+        self.workflows.values()
+    }
+
+    pub fn branch(&self, id: &Uuid) -> Option<&Branch> {
+        self.branches.get(id)
+    }
+
+    pub fn rule(&self, id: &Uuid) -> Option<&Rule> {
+        self.rules.get(id)
+    }
+
+    pub fn brand(&self, id: &Uuid) -> Option<&Brand> {
+        self.brands.get(id)
+    }
+
+    pub fn brand_rule(&self, id: &Uuid) -> Option<&BrandRule> {
+        self.brand_rules.get(id)
+    }
+
+    pub fn action_template(&self, id: &Uuid) -> Option<&ActionTemplate> {
+        self.action_templates.get(id)
+    }
+
+    /// The cached action details of a branch rule, in position order.
+    pub fn action_details(&self, branch_rule_id: &Uuid) -> &[ActionDetail] {
+        self.action_details
+            .get(branch_rule_id)
+            .map_or(&[], Vec::as_slice)
+    }
+
+    /// Inserts or replaces a workflow, keeping the due index in step.
+    pub(crate) fn insert(&mut self, workflow: Workflow) {
+        let id = workflow.id();
+        if let Some(old) = self.workflows.get(&id) {
+            if let Some(at) = indexed_time(old) {
+                self.due_index.remove(&(at, id));
+            }
+        }
+        if let Some(at) = indexed_time(&workflow) {
+            self.due_index.insert((at, id));
+        }
+        self.workflows.insert(id, workflow);
+    }
+
+    pub(crate) fn remove(&mut self, id: &Uuid) -> Option<Workflow> {
+        let workflow = self.workflows.remove(id)?;
+        if let Some(at) = indexed_time(&workflow) {
+            self.due_index.remove(&(at, *id));
+        }
+        Some(workflow)
+    }
+
+    /// Changes one workflow through `change`, re-indexing it afterwards.
+    /// Returns false when the id is unknown.
+    pub(crate) fn update(&mut self, id: &Uuid, change: impl FnOnce(&mut Workflow)) -> bool {
+        let Some(workflow) = self.workflows.get_mut(id) else {
+            return false;
+        };
+        let before = indexed_time(workflow);
+        change(workflow);
+        let after = indexed_time(workflow);
+        if before != after {
+            if let Some(at) = before {
+                self.due_index.remove(&(at, *id));
+            }
+            if let Some(at) = after {
+                self.due_index.insert((at, *id));
+            }
+        }
+        true
+    }
+
+    /// Marks a workflow as running the moment a job is claimed, so no other
+    /// fetch hands it out again (seed 000 "Marking jobs as running").
+    pub fn mark_running(&mut self, id: &Uuid, now: Millis) -> bool {
+        self.update(id, |w| {
+            w.branch_rule.is_currently_running = true;
+            w.locally_updated_at = Some(now);
+        })
+    }
+
+    /// Takes the row the database returned after a job's post-process, so the
+    /// local plan matches the database (seed 000 "After job completion").
+    pub fn apply_post_process(&mut self, row: BranchRule, now: Millis) {
+        let id = row.id;
+        let mut workflow = self
+            .workflows
+            .get(&id)
+            .cloned()
+            .unwrap_or_else(|| Workflow::new(row.clone()));
+        workflow.branch_rule = row;
+        workflow.locally_updated_at = Some(now);
+        self.insert(workflow);
+    }
+
+    /// Sets a next run computed locally (the database could not be updated).
+    pub fn set_next_run_time(&mut self, id: &Uuid, next_run_time: Millis, now: Millis) -> bool {
+        self.update(id, |w| {
+            w.branch_rule.next_run_time = Some(next_run_time);
+            w.locally_updated_at = Some(now);
+        })
+    }
+
+    /// Crash recovery: nothing runs in a process that has just started.
+    /// Returns how many flags were reset.
+    pub fn reset_running_flags(&mut self) -> usize {
+        let mut reset = 0;
+        for workflow in self.workflows.values_mut() {
+            if workflow.branch_rule.is_currently_running {
+                workflow.branch_rule.is_currently_running = false;
+                reset += 1;
+            }
+        }
+        reset
+    }
+
+    /// Ids whose next_run_time is at or before `now`, in (next_run_time, id)
+    /// order: the candidates of the ready filter.
+    pub(crate) fn due_ids(&self, now: Millis) -> impl Iterator<Item = Uuid> + '_ {
+        self.due_index
+            .range(..=(now, Uuid::max()))
+            .map(|&(_, id)| id)
+    }
+
+    /// The earliest next_run_time in the index, for the master's wake-up.
+    pub fn earliest_due(&self) -> Option<Millis> {
+        self.due_index.first().map(|&(at, _)| at)
+    }
+
+    pub fn stats(&self, now: Millis) -> PlanStats {
+        let mut stats = PlanStats {
+            workflows: self.workflows.len(),
+            due: self.due_index.range(..=(now, Uuid::max())).count(),
+            branches: self.branches.len(),
+            rules: self.rules.len(),
+            brands: self.brands.len(),
+            action_templates: self.action_templates.len(),
+            action_details: self.action_details.values().map(Vec::len).sum(),
+            ..PlanStats::default()
+        };
+        for workflow in self.workflows.values() {
+            let row = &workflow.branch_rule;
+            if workflow.missing_since.is_some() {
+                stats.removed += 1;
+            } else if row.is_currently_running {
+                stats.running += 1;
+            } else if row.is_active && !row.is_archived {
+                stats.active += 1;
+            } else {
+                stats.inactive += 1;
+            }
+        }
+        stats
+    }
+
+    pub(crate) fn next_generation(&mut self) -> u64 {
+        self.merge_generation += 1;
+        self.merge_generation
+    }
+}
+
+/// Only workflows that could ever become ready are indexed; archived,
+/// inactive, force-stopped and removed ones would only lengthen the walk.
+fn indexed_time(workflow: &Workflow) -> Option<Millis> {
+    let row = &workflow.branch_rule;
+    let could_run = row.is_active
+        && !row.is_archived
+        && !row.is_force_stopped
+        && workflow.missing_since.is_none();
+    row.next_run_time.filter(|_| could_run)
+}
+
+fn sorted_values<T: Clone>(map: &HashMap<Uuid, T>, id: impl Fn(&T) -> Uuid) -> Vec<T> {
+    let mut values: Vec<T> = map.values().cloned().collect();
+    values.sort_by_key(|v| id(v));
+    values
+}
+
+#[cfg(test)]
+pub(crate) mod fixtures;

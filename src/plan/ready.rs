@@ -1,0 +1,317 @@
+//! The ready filter of seed 000: eight criteria, each with a reason an
+//! operator can read when a rule is held back.
+
+use std::fmt;
+
+use chrono_tz::Tz;
+use serde::Serialize;
+use uuid::Uuid;
+
+use super::{ExecutionPlan, Workflow};
+use crate::clock::millis_to_utc;
+use crate::model::{Millis, RuleStatus};
+use crate::schedule::{TimeOfDay, Window, local_time_of_day, parse_timezone};
+
+/// Why a workflow is not ready, in the order the filter checks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "reason", rename_all = "snake_case")]
+pub enum NotReady {
+    /// The database no longer returns it; pruned later.
+    RemovedFromDatabase,
+    Inactive,
+    Archived,
+    ForceStopped,
+    CurrentlyRunning,
+    BranchMissing,
+    BranchInactive,
+    RuleMissing,
+    RuleInactive,
+    NoNextRunTime,
+    NotDue { next_run_time: Millis },
+    InvalidTimezone { timezone: String },
+    OutsideWindow { local_time: TimeOfDay, window: Window },
+}
+
+impl fmt::Display for NotReady {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NotReady::RemovedFromDatabase => write!(f, "removed from the database"),
+            NotReady::Inactive => write!(f, "is_active is false"),
+            NotReady::Archived => write!(f, "is_archived is true"),
+            NotReady::ForceStopped => write!(f, "is_force_stopped is true"),
+            NotReady::CurrentlyRunning => write!(f, "is_currently_running is true"),
+            NotReady::BranchMissing => write!(f, "its branch is not in the plan"),
+            NotReady::BranchInactive => write!(f, "branch.is_active is false"),
+            NotReady::RuleMissing => write!(f, "its rule is not in the plan"),
+            NotReady::RuleInactive => write!(f, "rule.status is inactive"),
+            NotReady::NoNextRunTime => write!(f, "next_run_time is not set"),
+            NotReady::NotDue { next_run_time } => {
+                write!(f, "not due until {}", millis_to_utc(*next_run_time).to_rfc3339())
+            }
+            NotReady::InvalidTimezone { timezone } => {
+                write!(f, "branch timezone {timezone:?} is not an IANA zone")
+            }
+            NotReady::OutsideWindow { local_time, window } => {
+                write!(f, "local time {local_time} is outside the window {window}")
+            }
+        }
+    }
+}
+
+impl ExecutionPlan {
+    /// The branch's zone, or `default_zone` when it has none.
+    pub fn zone_of(&self, workflow: &Workflow, default_zone: Tz) -> Result<Tz, NotReady> {
+        let branch = self
+            .branches
+            .get(&workflow.branch_rule.branch_id)
+            .ok_or(NotReady::BranchMissing)?;
+        match branch.timezone.as_deref() {
+            None => Ok(default_zone),
+            Some(name) => parse_timezone(name).map_err(|_| NotReady::InvalidTimezone {
+                timezone: name.to_string(),
+            }),
+        }
+    }
+}
+
+/// Checks every criterion for one workflow at `now`; `Ok` means ready.
+pub fn check_ready(
+    plan: &ExecutionPlan,
+    workflow: &Workflow,
+    now: Millis,
+    default_zone: Tz,
+) -> Result<(), NotReady> {
+    let row = &workflow.branch_rule;
+    if workflow.missing_since.is_some() {
+        return Err(NotReady::RemovedFromDatabase);
+    }
+    if !row.is_active {
+        return Err(NotReady::Inactive);
+    }
+    if row.is_archived {
+        return Err(NotReady::Archived);
+    }
+    if row.is_force_stopped {
+        return Err(NotReady::ForceStopped);
+    }
+    if row.is_currently_running {
+        return Err(NotReady::CurrentlyRunning);
+    }
+    let branch = plan.branch(&row.branch_id).ok_or(NotReady::BranchMissing)?;
+    if !branch.is_active {
+        return Err(NotReady::BranchInactive);
+    }
+    let rule = plan.rule(&row.rule_id).ok_or(NotReady::RuleMissing)?;
+    if rule.status != RuleStatus::Active {
+        return Err(NotReady::RuleInactive);
+    }
+    let next_run_time = row.next_run_time.ok_or(NotReady::NoNextRunTime)?;
+    if next_run_time > now {
+        return Err(NotReady::NotDue { next_run_time });
+    }
+    if let Some(window) = Window::from_bounds(row.operation_time_from, row.operation_time_to) {
+        let zone = plan.zone_of(workflow, default_zone)?;
+        let local_time = local_time_of_day(zone, millis_to_utc(now));
+        if !window.contains(local_time) {
+            return Err(NotReady::OutsideWindow { local_time, window });
+        }
+    }
+    Ok(())
+}
+
+/// The ready set at `now`: ordered by (next_run_time, id), at most `cap`.
+///
+/// Walks only the due part of the index, so its cost grows with the number
+/// of due workflows, not with the size of the plan.
+pub fn ready(plan: &ExecutionPlan, now: Millis, cap: usize, default_zone: Tz) -> Vec<Uuid> {
+    plan.due_ids(now)
+        .filter(|id| {
+            plan.get(id)
+                .is_some_and(|w| check_ready(plan, w, now, default_zone).is_ok())
+        })
+        .take(cap)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::fixtures::*;
+    use chrono::{TimeZone, Utc};
+    use chrono_tz::Tz;
+
+    const RIYADH: Tz = chrono_tz::Asia::Riyadh;
+
+    fn at_local(zone: Tz, y: i32, mo: u32, d: u32, h: u32, mi: u32) -> Millis {
+        zone.with_ymd_and_hms(y, mo, d, h, mi, 0)
+            .single()
+            .unwrap()
+            .with_timezone(&Utc)
+            .timestamp_millis()
+    }
+
+    fn reason(fixture: &Fixture, now: Millis) -> Result<(), NotReady> {
+        let plan = fixture.plan();
+        check_ready(&plan, plan.get(&fixture.workflow_id).unwrap(), now, RIYADH)
+    }
+
+    const NOW: Millis = 1_800_000_000_000;
+
+    #[test]
+    fn a_due_active_rule_is_ready() {
+        assert_eq!(reason(&Fixture::due(NOW - 1), NOW), Ok(()));
+        assert_eq!(reason(&Fixture::due(NOW), NOW), Ok(()), "due exactly now");
+    }
+
+    #[test]
+    fn each_criterion_holds_a_rule_back_on_its_own() {
+        let cases: Vec<(&str, Box<dyn Fn(&mut Fixture)>, NotReady)> = vec![
+            ("is_active", Box::new(|f| f.branch_rule.is_active = false), NotReady::Inactive),
+            ("is_archived", Box::new(|f| f.branch_rule.is_archived = true), NotReady::Archived),
+            (
+                "is_force_stopped",
+                Box::new(|f| f.branch_rule.is_force_stopped = true),
+                NotReady::ForceStopped,
+            ),
+            (
+                "is_currently_running",
+                Box::new(|f| f.branch_rule.is_currently_running = true),
+                NotReady::CurrentlyRunning,
+            ),
+            ("branch.is_active", Box::new(|f| f.branch.is_active = false), NotReady::BranchInactive),
+            (
+                "rule.status",
+                Box::new(|f| f.rule.status = RuleStatus::Inactive),
+                NotReady::RuleInactive,
+            ),
+            (
+                "next_run_time",
+                Box::new(|f| f.branch_rule.next_run_time = Some(NOW + 1)),
+                NotReady::NotDue { next_run_time: NOW + 1 },
+            ),
+            (
+                "next_run_time unset",
+                Box::new(|f| f.branch_rule.next_run_time = None),
+                NotReady::NoNextRunTime,
+            ),
+        ];
+        for (criterion, change, expected) in cases {
+            let mut fixture = Fixture::due(NOW - 60_000);
+            change(&mut fixture);
+            assert_eq!(reason(&fixture, NOW), Err(expected), "{criterion}");
+            let plan = fixture.plan();
+            assert!(ready(&plan, NOW, 500, RIYADH).is_empty(), "{criterion}");
+        }
+    }
+
+    fn window_case(zone: Option<&str>, window: Option<&str>, local: (u32, u32)) -> Result<(), NotReady> {
+        let tz: Tz = zone.map_or(RIYADH, |z| z.parse().unwrap());
+        let now = at_local(tz, 2026, 6, 15, local.0, local.1);
+        let mut fixture = Fixture::due(now - 60_000);
+        fixture.branch.timezone = zone.map(str::to_string);
+        if let Some(window) = window {
+            let window: Window = window.parse().unwrap();
+            fixture.branch_rule.operation_time_from = Some(window.from);
+            fixture.branch_rule.operation_time_to = Some(window.to);
+        }
+        reason(&fixture, now)
+    }
+
+    #[test]
+    fn same_day_window_in_each_zone() {
+        for zone in [None, Some("Asia/Riyadh"), Some("America/New_York"), Some("Australia/Lord_Howe")] {
+            assert_eq!(window_case(zone, Some("09:00-17:00"), (9, 0)), Ok(()), "{zone:?}");
+            assert_eq!(window_case(zone, Some("09:00-17:00"), (16, 59)), Ok(()), "{zone:?}");
+            assert!(
+                matches!(
+                    window_case(zone, Some("09:00-17:00"), (17, 0)),
+                    Err(NotReady::OutsideWindow { .. })
+                ),
+                "{zone:?}"
+            );
+            assert!(window_case(zone, Some("09:00-17:00"), (8, 59)).is_err(), "{zone:?}");
+        }
+    }
+
+    #[test]
+    fn overnight_window_in_each_zone() {
+        for zone in [None, Some("Asia/Riyadh"), Some("America/New_York"), Some("Australia/Lord_Howe")] {
+            assert_eq!(window_case(zone, Some("22:00-06:00"), (22, 0)), Ok(()), "{zone:?}");
+            assert_eq!(window_case(zone, Some("22:00-06:00"), (5, 59)), Ok(()), "{zone:?}");
+            assert_eq!(window_case(zone, Some("22:00-06:00"), (0, 30)), Ok(()), "{zone:?}");
+            assert!(window_case(zone, Some("22:00-06:00"), (6, 0)).is_err(), "{zone:?}");
+            assert!(window_case(zone, Some("22:00-06:00"), (21, 59)).is_err(), "{zone:?}");
+        }
+    }
+
+    #[test]
+    fn no_window_is_always_open_in_each_zone() {
+        for zone in [None, Some("America/New_York"), Some("Australia/Lord_Howe")] {
+            for hour in [0, 5, 12, 23] {
+                assert_eq!(window_case(zone, None, (hour, 0)), Ok(()), "{zone:?} {hour}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_branch_zone_decides_not_the_default() {
+        // 23:00 in New York is 06:00 the next morning in Riyadh: inside the
+        // overnight window for the branch, outside it in the default zone.
+        assert_eq!(window_case(Some("America/New_York"), Some("22:00-06:00"), (23, 0)), Ok(()));
+        let now = at_local(chrono_tz::America::New_York, 2026, 6, 15, 23, 0);
+        let mut fixture = Fixture::due(now - 1);
+        fixture.branch_rule.operation_time_from = Some("22:00".parse().unwrap());
+        fixture.branch_rule.operation_time_to = Some("06:00".parse().unwrap());
+        assert!(matches!(reason(&fixture, now), Err(NotReady::OutsideWindow { .. })));
+    }
+
+    #[test]
+    fn an_unknown_zone_is_reported_not_guessed() {
+        let mut fixture = Fixture::due(NOW - 1);
+        fixture.branch.timezone = Some("Mars/Olympus".into());
+        fixture.branch_rule.operation_time_from = Some("00:00".parse().unwrap());
+        fixture.branch_rule.operation_time_to = Some("12:00".parse().unwrap());
+        assert!(matches!(reason(&fixture, NOW), Err(NotReady::InvalidTimezone { .. })));
+    }
+
+    #[test]
+    fn ordered_by_next_run_time_then_id_and_capped() {
+        let mut fixture = Fixture::due(NOW);
+        let mut plan = fixture.plan();
+        let mut expected = Vec::new();
+        for i in 0..50u128 {
+            // Pairs share a due time so the id breaks the tie.
+            let due = NOW - 1_000 * (25 - (i / 2) as i64);
+            let id = Uuid::from_u128(1_000 - i);
+            fixture.branch_rule.id = id;
+            fixture.branch_rule.next_run_time = Some(due);
+            plan.insert(Workflow::new(fixture.branch_rule.clone()));
+            expected.push((due, id));
+        }
+        fixture.branch_rule.id = Uuid::from_u128(5);
+        fixture.branch_rule.next_run_time = Some(NOW + 1);
+        plan.insert(Workflow::new(fixture.branch_rule.clone()));
+        expected.push((NOW, fixture.workflow_id));
+        expected.sort();
+        let all: Vec<Uuid> = expected.iter().map(|&(_, id)| id).collect();
+        assert_eq!(ready(&plan, NOW, 500, RIYADH), all);
+        assert_eq!(ready(&plan, NOW, 7, RIYADH), all[..7].to_vec());
+    }
+
+    #[test]
+    fn the_index_follows_updates() {
+        let fixture = Fixture::due(NOW + 10_000);
+        let mut plan = fixture.plan();
+        let id = fixture.workflow_id;
+        assert!(ready(&plan, NOW, 500, RIYADH).is_empty());
+        plan.set_next_run_time(&id, NOW - 5, NOW);
+        assert_eq!(ready(&plan, NOW, 500, RIYADH), vec![id]);
+        plan.mark_running(&id, NOW);
+        assert!(ready(&plan, NOW, 500, RIYADH).is_empty());
+        assert_eq!(plan.reset_running_flags(), 1);
+        assert_eq!(ready(&plan, NOW, 500, RIYADH), vec![id]);
+        plan.remove(&id);
+        assert!(ready(&plan, NOW, 500, RIYADH).is_empty());
+        assert_eq!(plan.earliest_due(), None);
+    }
+}

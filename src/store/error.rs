@@ -1,0 +1,151 @@
+use std::fmt;
+use std::path::PathBuf;
+
+use sqlx::error::ErrorKind;
+use sqlx::migrate::MigrateError;
+use sqlx::sqlite::SqliteError;
+
+/// Which database a [`Store`](super::Store) talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+impl Backend {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Sqlite => "sqlite",
+            Backend::Postgres => "postgres",
+        }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Errors of the storage layer.
+///
+/// The sqlx cause is part of the message rather than `source()`: these errors
+/// are mostly logged with `{}`, and an operator needs the database's own words
+/// (constraint name, "connection refused") on that one line.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error(
+        "unsupported database URL scheme {scheme:?}: expected sqlite:, postgres: or postgresql:"
+    )]
+    InvalidUrl { scheme: String },
+
+    #[error("cannot create directory {} for the SQLite database: {error}", path.display())]
+    CreateDir {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+
+    /// `target` is the URL with any password masked.
+    #[error("cannot connect to {backend} database {target}: {error}")]
+    Connect {
+        backend: Backend,
+        target: String,
+        error: sqlx::Error,
+    },
+
+    #[error("{backend} migrations failed: {error}")]
+    Migrate {
+        backend: Backend,
+        error: MigrateError,
+    },
+
+    /// `op` names the statement, e.g. `insert branch_rule`.
+    #[error("{op} failed: {error}")]
+    Query {
+        op: &'static str,
+        error: sqlx::Error,
+    },
+
+    /// A stored value that does not fit the model: the row is named so an
+    /// operator can fix it by hand.
+    #[error("cannot decode {table}.{column} of row {id}: {message}")]
+    Decode {
+        table: &'static str,
+        id: String,
+        column: &'static str,
+        message: String,
+    },
+}
+
+impl StoreError {
+    pub(crate) fn query(op: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
+        move |error| StoreError::Query { op, error }
+    }
+
+    /// The sqlx error behind a connect or query failure.
+    pub fn sqlx_error(&self) -> Option<&sqlx::Error> {
+        match self {
+            StoreError::Connect { error, .. } | StoreError::Query { error, .. } => Some(error),
+            _ => None,
+        }
+    }
+
+    /// The kind of constraint the database refused, if that is what happened.
+    pub fn db_error_kind(&self) -> Option<ErrorKind> {
+        match self.sqlx_error()? {
+            sqlx::Error::Database(db) => Some(db.kind()),
+            _ => None,
+        }
+    }
+
+    /// A UNIQUE or PRIMARY KEY constraint refused the write (e.g. a second
+    /// execution row for the same occurrence and attempt).
+    pub fn is_unique_violation(&self) -> bool {
+        self.db_error_kind() == Some(ErrorKind::UniqueViolation)
+    }
+
+    /// A foreign key refused the write: a missing parent on insert, or a
+    /// delete of a row still referenced under `ON DELETE RESTRICT` (an action
+    /// template in use). The API reports these as conflicts.
+    pub fn is_foreign_key_violation(&self) -> bool {
+        self.db_error_kind() == Some(ErrorKind::ForeignKeyViolation)
+    }
+
+    /// The operation may succeed if retried later unchanged: the database was
+    /// unreachable, busy, or aborted the transaction for concurrency reasons.
+    /// Callers keep pending writes (the outbox) on these and drop them on
+    /// anything else.
+    pub fn is_transient(&self) -> bool {
+        let Some(error) = self.sqlx_error() else {
+            return false;
+        };
+        match error {
+            sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::Protocol(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed => true,
+            sqlx::Error::Database(db) => {
+                let Some(code) = db.code() else {
+                    return false;
+                };
+                if db.try_downcast_ref::<SqliteError>().is_some() {
+                    // Extended result codes: the low byte is the primary code,
+                    // SQLITE_BUSY (5) or SQLITE_LOCKED (6) in all their variants.
+                    code.parse::<i32>()
+                        .is_ok_and(|code| matches!(code & 0xff, 5 | 6))
+                } else {
+                    // SQLSTATE: connection exceptions (08), serialization
+                    // failure, deadlock, server shutting down or full.
+                    code.starts_with("08")
+                        || matches!(
+                            &*code,
+                            "40001" | "40P01" | "57P01" | "57P02" | "57P03" | "53300"
+                        )
+                }
+            }
+            _ => false,
+        }
+    }
+}

@@ -1,0 +1,284 @@
+//! The storage layer: one API over SQLite and PostgreSQL.
+//!
+//! Both backends share one schema (DESIGN.md §2, `migrations/{sqlite,postgres}`)
+//! and one text of every statement: SQL uses `$1`-style parameters, which
+//! SQLite accepts too, and only types both drivers encode alike (TEXT ids,
+//! BIGINT times, TEXT JSON, booleans). A [`Store`] holds a typed pool per
+//! backend rather than sqlx's `Any` driver, which cannot decode everything
+//! PostgreSQL returns; the macros below run the same statement on whichever
+//! pool it holds.
+//!
+//! Statements are named constants next to the functions that use them,
+//! grouped by table: [`catalog`] (brands, branches, rules, brand rules,
+//! action templates), [`workflows`] (branch rules, action details) and
+//! [`plan_data`] (the refresher's consistent read of all of them).
+
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::migrate::Migrator;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+use sqlx::{AssertSqlSafe, Executor};
+
+/// Runs one statement on an executor (a pool or `&mut *tx`) and returns the
+/// number of rows affected.
+macro_rules! execute_on {
+    ($conn:expr, $op:expr, $sql:expr $(, $arg:expr)* $(,)?) => {
+        sqlx::query($sql)
+            $(.bind($arg))*
+            .execute($conn)
+            .await
+            .map(|done| done.rows_affected())
+            .map_err($crate::store::StoreError::query($op))
+    };
+}
+
+/// Runs one statement on whichever pool `$store` holds.
+macro_rules! execute {
+    ($store:expr, $op:expr, $sql:expr $(, $arg:expr)* $(,)?) => {
+        match $store {
+            $crate::store::Store::Sqlite(pool) => execute_on!(pool, $op, $sql $(, $arg)*),
+            $crate::store::Store::Postgres(pool) => execute_on!(pool, $op, $sql $(, $arg)*),
+        }
+    };
+}
+
+/// Fetches all rows of one statement on an executor and decodes each with
+/// `$decode`, a function generic over [`decode::AnyRow`].
+macro_rules! fetch_all_on {
+    ($conn:expr, $op:expr, $decode:expr, $sql:expr $(, $arg:expr)* $(,)?) => {
+        match sqlx::query($sql)$(.bind($arg))*.fetch_all($conn).await {
+            Ok(rows) => rows
+                .iter()
+                .map($decode)
+                .collect::<Result<Vec<_>, $crate::store::StoreError>>(),
+            Err(error) => Err($crate::store::StoreError::Query { op: $op, error }),
+        }
+    };
+}
+
+mod catalog;
+mod decode;
+mod error;
+mod plan_data;
+mod workflows;
+
+pub use error::{Backend, StoreError};
+
+/// SQLite's default busy handler gives up at once; writers from several
+/// tasks (refresher, workers, API) must wait for each other instead.
+const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+/// WAL allows many readers beside one writer; more connections than this only
+/// queue on the write lock.
+const SQLITE_MAX_CONNECTIONS: u32 = 8;
+const POSTGRES_MAX_CONNECTIONS: u32 = 16;
+/// Long enough to ride out a short burst, short enough that a dead database
+/// surfaces as an error the caller can log and retry.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
+
+static SQLITE_MIGRATOR: Migrator = sqlx::migrate!("./migrations/sqlite");
+static POSTGRES_MIGRATOR: Migrator = sqlx::migrate!("./migrations/postgres");
+
+/// A connection pool on one of the two backends. Cheap to clone (the pools
+/// are reference-counted); every clone shares the same connections.
+#[derive(Debug, Clone)]
+pub enum Store {
+    Sqlite(SqlitePool),
+    Postgres(PgPool),
+}
+
+impl Store {
+    /// Connects to `url` and opens one connection to check it.
+    ///
+    /// - `sqlite://path/to/file.db` (relative) or `sqlite:///abs/file.db`:
+    ///   the parent directory and the file are created if missing; WAL
+    ///   journal, `synchronous=NORMAL`, 5 s busy timeout, foreign keys on.
+    /// - `sqlite::memory:`: a private in-memory database that lives as long
+    ///   as this store (one connection, never recycled).
+    /// - `postgres://…` or `postgresql://…`.
+    ///
+    /// Any other scheme is [`StoreError::InvalidUrl`].
+    pub async fn connect(url: &str) -> Result<Store, StoreError> {
+        let scheme = url.split_once(':').map_or("", |(scheme, _)| scheme);
+        match scheme {
+            "sqlite" => connect_sqlite(url).await,
+            "postgres" | "postgresql" => connect_postgres(url).await,
+            _ => Err(StoreError::InvalidUrl {
+                scheme: scheme.to_string(),
+            }),
+        }
+    }
+
+    pub fn backend(&self) -> Backend {
+        match self {
+            Store::Sqlite(_) => Backend::Sqlite,
+            Store::Postgres(_) => Backend::Postgres,
+        }
+    }
+
+    /// Applies the pending embedded migrations. Safe to call on every start
+    /// and from several instances at once (PostgreSQL takes an advisory lock).
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        let result = match self {
+            Store::Sqlite(pool) => SQLITE_MIGRATOR.run(pool).await,
+            Store::Postgres(pool) => POSTGRES_MIGRATOR.run(pool).await,
+        };
+        result.map_err(|error| StoreError::Migrate {
+            backend: self.backend(),
+            error,
+        })
+    }
+
+    /// One round trip to the database, for readiness checks.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        execute!(self, "ping", "SELECT 1").map(drop)
+    }
+
+    /// Waits for checked-out connections to return, then closes them all.
+    /// Later calls on this store (or its clones) fail with `PoolClosed`.
+    pub async fn close(&self) {
+        match self {
+            Store::Sqlite(pool) => pool.close().await,
+            Store::Postgres(pool) => pool.close().await,
+        }
+    }
+
+    /// Runs operator- or test-supplied SQL verbatim, possibly several
+    /// statements separated by `;`, and returns the rows affected.
+    ///
+    /// **Trusted input only**: the text is not parameterised or checked in
+    /// any way, so it must never contain data from an API request.
+    pub async fn execute_sql(&self, sql: &str) -> Result<u64, StoreError> {
+        let raw = sqlx::raw_sql(AssertSqlSafe(sql.to_string()));
+        let result = match self {
+            Store::Sqlite(pool) => pool.execute(raw).await.map(|r| r.rows_affected()),
+            Store::Postgres(pool) => pool.execute(raw).await.map(|r| r.rows_affected()),
+        };
+        result.map_err(StoreError::query("execute_sql"))
+    }
+}
+
+fn is_sqlite_memory(url: &str) -> bool {
+    let rest = url
+        .trim_start_matches("sqlite:")
+        .trim_start_matches("//");
+    let (database, params) = rest.split_once('?').unwrap_or((rest, ""));
+    database == ":memory:" || params.split('&').any(|param| param == "mode=memory")
+}
+
+async fn connect_sqlite(url: &str) -> Result<Store, StoreError> {
+    let connect_error = |error| StoreError::Connect {
+        backend: Backend::Sqlite,
+        target: url.to_string(),
+        error,
+    };
+    let memory = is_sqlite_memory(url);
+    let mut options = SqliteConnectOptions::from_str(url)
+        .map_err(connect_error)?
+        .foreign_keys(true)
+        .busy_timeout(SQLITE_BUSY_TIMEOUT)
+        .synchronous(SqliteSynchronous::Normal);
+
+    let pool_options = if memory {
+        // The database vanishes with its last connection, and a shared-cache
+        // in-memory database answers concurrent writers with SQLITE_LOCKED,
+        // which the busy timeout does not cover: keep exactly one connection
+        // open for the pool's whole life.
+        SqlitePoolOptions::new()
+            .max_connections(1)
+            .min_connections(1)
+            .idle_timeout(None)
+            .max_lifetime(None)
+    } else {
+        if let Some(dir) = options.get_filename().parent() {
+            create_dir(dir)?;
+        }
+        options = options
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal);
+        SqlitePoolOptions::new().max_connections(SQLITE_MAX_CONNECTIONS)
+    };
+
+    let pool = pool_options
+        .acquire_timeout(ACQUIRE_TIMEOUT)
+        .connect_with(options)
+        .await
+        .map_err(connect_error)?;
+    Ok(Store::Sqlite(pool))
+}
+
+fn create_dir(dir: &Path) -> Result<(), StoreError> {
+    if dir.as_os_str().is_empty() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(dir).map_err(|error| StoreError::CreateDir {
+        path: dir.to_path_buf(),
+        error,
+    })
+}
+
+async fn connect_postgres(url: &str) -> Result<Store, StoreError> {
+    let connect_error = |error| StoreError::Connect {
+        backend: Backend::Postgres,
+        target: redact_password(url),
+        error,
+    };
+    let options = PgConnectOptions::from_str(url)
+        .map_err(connect_error)?
+        .application_name("ruled");
+    let pool = PgPoolOptions::new()
+        .max_connections(POSTGRES_MAX_CONNECTIONS)
+        .acquire_timeout(ACQUIRE_TIMEOUT)
+        .connect_with(options)
+        .await
+        .map_err(connect_error)?;
+    Ok(Store::Postgres(pool))
+}
+
+/// `postgres://user:secret@host/db` → `postgres://user:***@host/db`, so a
+/// connect error can name its target in logs without leaking the password.
+fn redact_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let Some((userinfo, host)) = authority.rsplit_once('@') else {
+        return url.to_string();
+    };
+    match userinfo.split_once(':') {
+        Some((user, _password)) => format!("{scheme}://{user}:***@{host}{tail}"),
+        None => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_masked() {
+        assert_eq!(
+            redact_password("postgres://u:p%40ss@db:5432/x?sslmode=require"),
+            "postgres://u:***@db:5432/x?sslmode=require"
+        );
+        assert_eq!(
+            redact_password("postgres://u@db/x"),
+            "postgres://u@db/x"
+        );
+        assert_eq!(redact_password("postgres://db/x"), "postgres://db/x");
+    }
+
+    #[test]
+    fn memory_urls_are_recognised() {
+        assert!(is_sqlite_memory("sqlite::memory:"));
+        assert!(is_sqlite_memory("sqlite://:memory:"));
+        assert!(is_sqlite_memory("sqlite://?mode=memory&cache=private"));
+        assert!(!is_sqlite_memory("sqlite://data/ruled.db"));
+        assert!(!is_sqlite_memory("sqlite:///tmp/memory.db"));
+    }
+}

@@ -1,0 +1,116 @@
+//! branch_rules and action_details.
+
+use super::decode::{AnyRow, RowReader, id_text, json_text, opt_id_text, opt_time_text};
+use super::{Store, StoreError};
+use crate::model::{ActionDetail, BranchRule};
+
+// ---- branch_rules ----------------------------------------------------------
+
+const INSERT_BRANCH_RULE: &str = "\
+INSERT INTO branch_rules (\
+id, branch_id, rule_id, brand_rule_id, \
+is_active, is_archived, is_force_stopped, is_currently_running, \
+operation_time_from, operation_time_to, next_run_time, last_run_time, \
+lock_holder, lock_time, lock_epoch, params, created_at, updated_at) \
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)";
+
+pub(super) const SELECT_BRANCH_RULES: &str = "\
+SELECT id, branch_id, rule_id, brand_rule_id, \
+is_active, is_archived, is_force_stopped, is_currently_running, \
+operation_time_from, operation_time_to, next_run_time, last_run_time, \
+lock_holder, lock_time, lock_epoch, params, created_at, updated_at \
+FROM branch_rules ORDER BY id";
+
+pub(super) fn decode_branch_rule(row: &impl AnyRow) -> Result<BranchRule, StoreError> {
+    let r = RowReader::new(row, "branch_rules")?;
+    Ok(BranchRule {
+        id: r.uuid("id")?,
+        branch_id: r.uuid("branch_id")?,
+        rule_id: r.uuid("rule_id")?,
+        brand_rule_id: r.opt_uuid("brand_rule_id")?,
+        is_active: r.bool("is_active")?,
+        is_archived: r.bool("is_archived")?,
+        is_force_stopped: r.bool("is_force_stopped")?,
+        is_currently_running: r.bool("is_currently_running")?,
+        operation_time_from: r.opt_time_of_day("operation_time_from")?,
+        operation_time_to: r.opt_time_of_day("operation_time_to")?,
+        next_run_time: r.opt_i64("next_run_time")?,
+        last_run_time: r.opt_i64("last_run_time")?,
+        lock_holder: r.opt_text("lock_holder")?,
+        lock_time: r.opt_i64("lock_time")?,
+        lock_epoch: r.i64("lock_epoch")?,
+        params: r.json("params")?,
+        created_at: r.i64("created_at")?,
+        updated_at: r.i64("updated_at")?,
+    })
+}
+
+// ---- action_details --------------------------------------------------------
+
+const INSERT_ACTION_DETAIL: &str = "\
+INSERT INTO action_details (id, branch_rule_id, action_template_id, position, params, created_at, updated_at) \
+VALUES ($1, $2, $3, $4, $5, $6, $7)";
+
+/// `$1` is the cap. `id` breaks ties between equal positions so the cut is
+/// the same on every refresh.
+pub(super) const SELECT_ACTION_DETAILS_CAPPED: &str = "\
+SELECT id, branch_rule_id, action_template_id, position, params, created_at, updated_at \
+FROM action_details ORDER BY branch_rule_id, position, id LIMIT $1";
+
+pub(super) fn decode_action_detail(row: &impl AnyRow) -> Result<ActionDetail, StoreError> {
+    let r = RowReader::new(row, "action_details")?;
+    Ok(ActionDetail {
+        id: r.uuid("id")?,
+        branch_rule_id: r.uuid("branch_rule_id")?,
+        action_template_id: r.uuid("action_template_id")?,
+        position: r.i32("position")?,
+        params: r.json("params")?,
+        created_at: r.i64("created_at")?,
+        updated_at: r.i64("updated_at")?,
+    })
+}
+
+impl Store {
+    pub async fn insert_branch_rule(&self, rule: &BranchRule) -> Result<(), StoreError> {
+        execute!(
+            self,
+            "insert branch_rule",
+            INSERT_BRANCH_RULE,
+            id_text(rule.id),
+            id_text(rule.branch_id),
+            id_text(rule.rule_id),
+            opt_id_text(rule.brand_rule_id),
+            rule.is_active,
+            rule.is_archived,
+            rule.is_force_stopped,
+            rule.is_currently_running,
+            opt_time_text(rule.operation_time_from),
+            opt_time_text(rule.operation_time_to),
+            rule.next_run_time,
+            rule.last_run_time,
+            rule.lock_holder.as_deref(),
+            rule.lock_time,
+            rule.lock_epoch,
+            json_text(&rule.params),
+            rule.created_at,
+            rule.updated_at,
+        )
+        .map(drop)
+    }
+
+    pub async fn insert_action_detail(&self, detail: &ActionDetail) -> Result<(), StoreError> {
+        execute!(
+            self,
+            "insert action_detail",
+            INSERT_ACTION_DETAIL,
+            id_text(detail.id),
+            id_text(detail.branch_rule_id),
+            id_text(detail.action_template_id),
+            detail.position,
+            json_text(&detail.params),
+            detail.created_at,
+            detail.updated_at,
+        )
+        .map(drop)
+    }
+}

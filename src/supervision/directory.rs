@@ -1,0 +1,67 @@
+//! How actors find each other across restarts.
+//!
+//! A restarted actor has a new `ActorRef`, so nobody keeps one: each actor
+//! is registered under a name unique to its service instance and looked up
+//! at send time. Several services can live in one process (tests), hence
+//! the per-instance prefix.
+
+use std::fmt;
+use std::sync::Arc;
+
+use ractor::{ActorRef, Message};
+
+use super::ActorKind;
+use crate::messages::{PlanMsg, RefresherMsg, SupervisorMsg, WriterMsg};
+
+#[derive(Clone)]
+pub struct Directory {
+    prefix: Arc<str>,
+}
+
+impl fmt::Debug for Directory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Directory({})", self.prefix)
+    }
+}
+
+impl Default for Directory {
+    fn default() -> Self {
+        Directory::new()
+    }
+}
+
+impl Directory {
+    pub fn new() -> Directory {
+        Directory {
+            prefix: format!("ruled-{}", uuid::Uuid::new_v4().simple()).into(),
+        }
+    }
+
+    pub fn name_of(&self, kind: ActorKind) -> String {
+        format!("{}/{kind}", self.prefix)
+    }
+
+    pub fn supervisor_name(&self) -> String {
+        format!("{}/supervisor", self.prefix)
+    }
+
+    fn find<M: Message>(&self, kind: ActorKind) -> Option<ActorRef<M>> {
+        ActorRef::where_is(self.name_of(kind))
+    }
+
+    pub fn plan(&self) -> Option<ActorRef<PlanMsg>> {
+        self.find(ActorKind::Plan)
+    }
+
+    pub fn writer(&self) -> Option<ActorRef<WriterMsg>> {
+        self.find(ActorKind::Writer)
+    }
+
+    pub fn refresher(&self) -> Option<ActorRef<RefresherMsg>> {
+        self.find(ActorKind::Refresher)
+    }
+
+    pub fn supervisor(&self) -> Option<ActorRef<SupervisorMsg>> {
+        ActorRef::where_is(self.supervisor_name())
+    }
+}

@@ -1,0 +1,309 @@
+//! The supervision tree: the root supervisor, its restart policy and the
+//! directory actors use to find each other.
+//!
+//! ractor's default `handle_supervisor_evt` stops the parent whenever a child
+//! exits, so the root supervisor overrides it: a failed or stopped child is
+//! respawned after an exponential backoff, and more than
+//! SUPERVISOR_MAX_RESTARTS failures of one actor within
+//! SUPERVISOR_RESTART_WINDOW_SECONDS escalate: the service logs why and the
+//! process exits non-zero so systemd or Kubernetes restarts it.
+
+mod directory;
+pub mod policy;
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::sync::Arc;
+
+use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
+use serde::Serialize;
+use tokio::sync::mpsc;
+use tracing::{error, info, warn};
+
+pub use directory::Directory;
+pub use policy::{RestartDecision, RestartPolicy, backoff};
+
+use crate::actors::plan::{PlanActor, PlanArgs};
+use crate::actors::refresher::{RefresherActor, RefresherArgs};
+use crate::actors::writer::{WriterActor, WriterArgs};
+use crate::actors::{AskError, ask};
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::messages::supervisor::SupervisorStats;
+use crate::messages::{PlanMsg, SupervisorMsg, WriterMsg};
+use crate::metrics as m;
+use crate::store::Store;
+
+/// The long-lived actors under the root supervisor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ActorKind {
+    Plan,
+    Writer,
+    Refresher,
+}
+
+impl ActorKind {
+    /// Start order: the writer before the plan (the plan hands it snapshots),
+    /// the plan before the refresher (the refresher merges into it).
+    pub const START_ORDER: [ActorKind; 3] = [ActorKind::Writer, ActorKind::Plan, ActorKind::Refresher];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ActorKind::Plan => "plan",
+            ActorKind::Writer => "writer",
+            ActorKind::Refresher => "refresher",
+        }
+    }
+}
+
+impl fmt::Display for ActorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why the supervisor gave up: sent to the service, which exits non-zero.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Escalation {
+    pub actor: ActorKind,
+    pub failures_in_window: usize,
+    pub last_failure: String,
+}
+
+impl fmt::Display for Escalation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "actor {} failed {} times within the restart window; last failure: {}",
+            self.actor, self.failures_in_window, self.last_failure
+        )
+    }
+}
+
+pub struct RootSupervisor;
+
+pub struct SupervisorArgs {
+    pub config: Arc<Config>,
+    pub clock: Clock,
+    pub store: Store,
+    pub directory: Directory,
+    pub escalations: mpsc::UnboundedSender<Escalation>,
+}
+
+pub struct SupervisorState {
+    args: SupervisorArgs,
+    policy: RestartPolicy,
+    children: HashMap<ActorId, ActorKind>,
+    alive: BTreeMap<ActorKind, ActorCell>,
+    restarts: BTreeMap<ActorKind, u64>,
+    shutting_down: bool,
+}
+
+impl Actor for RootSupervisor {
+    type Msg = SupervisorMsg;
+    type State = SupervisorState;
+    type Arguments = SupervisorArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<SupervisorMsg>,
+        args: SupervisorArgs,
+    ) -> Result<SupervisorState, ActorProcessingErr> {
+        let mut state = SupervisorState {
+            policy: RestartPolicy::new(
+                args.config.supervisor_max_restarts,
+                args.config.supervisor_restart_window,
+            ),
+            args,
+            children: HashMap::new(),
+            alive: BTreeMap::new(),
+            restarts: BTreeMap::new(),
+            shutting_down: false,
+        };
+        // A child that cannot start at all is a configuration problem:
+        // fail loudly now rather than restart it in a loop.
+        for kind in ActorKind::START_ORDER {
+            state.spawn_child(&myself, kind).await?;
+        }
+        Ok(state)
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<SupervisorMsg>,
+        message: SupervisorMsg,
+        state: &mut SupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            SupervisorMsg::Restart(kind) => {
+                if state.shutting_down || state.alive.contains_key(&kind) {
+                    return Ok(());
+                }
+                if let Err(e) = state.spawn_child(&myself, kind).await {
+                    state.child_failed(&myself, kind, format!("restart failed: {e}"));
+                } else {
+                    *state.restarts.entry(kind).or_default() += 1;
+                    metrics::counter!(m::ACTOR_RESTARTS_TOTAL, "actor" => kind.as_str()).increment(1);
+                    info!(actor = %kind, "♻️ Restarted actor {kind}");
+                }
+            }
+            SupervisorMsg::Stats(reply) => {
+                let _ = reply.send(state.stats());
+            }
+            SupervisorMsg::Shutdown(reply) => {
+                state.shutdown().await;
+                let _ = reply.send(());
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<SupervisorMsg>,
+        event: SupervisionEvent,
+        state: &mut SupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
+        let (cell, reason) = match event {
+            SupervisionEvent::ActorFailed(cell, error) => (cell, format!("failed: {error}")),
+            SupervisionEvent::ActorTerminated(cell, _, reason) => (
+                cell,
+                format!("stopped: {}", reason.unwrap_or_else(|| "no reason given".into())),
+            ),
+            _ => return Ok(()),
+        };
+        let Some(kind) = state.children.remove(&cell.get_id()) else {
+            return Ok(());
+        };
+        state.alive.remove(&kind);
+        if state.shutting_down {
+            return Ok(());
+        }
+        // A long-lived actor never stops on its own, so a normal stop is a
+        // failure too.
+        state.child_failed(&myself, kind, reason);
+        Ok(())
+    }
+}
+
+impl SupervisorState {
+    async fn spawn_child(
+        &mut self,
+        myself: &ActorRef<SupervisorMsg>,
+        kind: ActorKind,
+    ) -> Result<(), ActorProcessingErr> {
+        let name = Some(self.args.directory.name_of(kind));
+        let supervisor = myself.get_cell();
+        let a = &self.args;
+        let cell = match kind {
+            ActorKind::Writer => {
+                let args = WriterArgs {
+                    path: a.config.plan_file.clone(),
+                    min_interval: a.config.plan_min_write_interval,
+                    clock: a.clock,
+                };
+                Actor::spawn_linked(name, WriterActor, args, supervisor).await?.0.get_cell()
+            }
+            ActorKind::Plan => {
+                let args = PlanArgs {
+                    config: Arc::clone(&a.config),
+                    clock: a.clock,
+                    directory: a.directory.clone(),
+                };
+                Actor::spawn_linked(name, PlanActor, args, supervisor).await?.0.get_cell()
+            }
+            ActorKind::Refresher => {
+                let args = RefresherArgs {
+                    store: a.store.clone(),
+                    config: Arc::clone(&a.config),
+                    clock: a.clock,
+                    directory: a.directory.clone(),
+                };
+                Actor::spawn_linked(name, RefresherActor, args, supervisor).await?.0.get_cell()
+            }
+        };
+        self.children.insert(cell.get_id(), kind);
+        self.alive.insert(kind, cell);
+        Ok(())
+    }
+
+    fn child_failed(&mut self, myself: &ActorRef<SupervisorMsg>, kind: ActorKind, reason: String) {
+        match self.policy.on_failure(kind, self.args.clock.now_ms()) {
+            RestartDecision::Restart {
+                delay,
+                restarts_in_window,
+            } => {
+                warn!(
+                    actor = %kind,
+                    "⚠️ Actor {kind} {reason}; restarting in {delay:?} ({restarts_in_window} in the window)"
+                );
+                myself.send_after(delay, move || SupervisorMsg::Restart(kind));
+            }
+            RestartDecision::Escalate { failures_in_window } => {
+                let escalation = Escalation {
+                    actor: kind,
+                    failures_in_window,
+                    last_failure: reason,
+                };
+                error!(actor = %kind, "🚨 Escalating: {escalation}");
+                self.shutting_down = true;
+                let _ = self.args.escalations.send(escalation);
+            }
+        }
+    }
+
+    fn stats(&self) -> SupervisorStats {
+        SupervisorStats {
+            restarts: ActorKind::START_ORDER
+                .iter()
+                .map(|k| (k.to_string(), self.restarts.get(k).copied().unwrap_or(0)))
+                .collect(),
+            alive: ActorKind::START_ORDER
+                .iter()
+                .map(|k| (k.to_string(), self.alive.contains_key(k)))
+                .collect(),
+        }
+    }
+
+    /// Stops the children in reverse start order, putting the plan on disk
+    /// before the writer goes.
+    async fn shutdown(&mut self) {
+        self.shutting_down = true;
+        if let Some(refresher) = self.alive.get(&ActorKind::Refresher) {
+            info!("Stopping the refresher");
+            let _ = refresher.stop_and_wait(Some("shutdown".into()), None).await;
+        }
+        match self.flush_plan().await {
+            Ok(()) => info!(
+                "💾 Execution plan written to {}",
+                self.args.config.plan_file.display()
+            ),
+            Err(e) => warn!("⚠️ Could not write the plan at shutdown: {e}"),
+        }
+        for kind in [ActorKind::Plan, ActorKind::Writer] {
+            if let Some(cell) = self.alive.get(&kind) {
+                info!("Stopping the {kind} actor");
+                let _ = cell.stop_and_wait(Some("shutdown".into()), None).await;
+            }
+        }
+    }
+
+    async fn flush_plan(&self) -> Result<(), AskError> {
+        let directory = &self.args.directory;
+        let plan = directory.plan().ok_or(AskError::NotRunning)?;
+        let writer = directory.writer().ok_or(AskError::NotRunning)?;
+        let snapshot = ask(&plan, PlanMsg::Snapshot).await?;
+        writer
+            .cast(WriterMsg::Enqueue(Arc::new(snapshot)))
+            .map_err(|_| AskError::NotRunning)?;
+        let stats = ask(&writer, WriterMsg::Drain).await?;
+        match stats.last_error {
+            Some(reason) if stats.write_queue_size > 0 => {
+                warn!("⚠️ The plan file could not be written: {reason}");
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
