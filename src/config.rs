@@ -37,9 +37,17 @@ impl FromStr for Partition {
     type Err = String;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let (index, count) = text.split_once('/').ok_or("expected k/N, for example 0/3")?;
-        let index: u32 = index.trim().parse().map_err(|_| "k is not a whole number")?;
-        let count: u32 = count.trim().parse().map_err(|_| "N is not a whole number")?;
+        let (index, count) = text
+            .split_once('/')
+            .ok_or("expected k/N, for example 0/3")?;
+        let index: u32 = index
+            .trim()
+            .parse()
+            .map_err(|_| "k is not a whole number")?;
+        let count: u32 = count
+            .trim()
+            .parse()
+            .map_err(|_| "N is not a whole number")?;
         if count == 0 || index >= count {
             return Err(format!("need 0 <= k < N, got {index}/{count}"));
         }
@@ -193,14 +201,35 @@ impl Config {
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
         let env = Env { lookup: &lookup };
         let mut c = Config::default();
-        env.seconds("EXECUTION_PLAN_REFRESH_SECONDS", &mut c.plan_refresh_interval, true)?;
-        env.seconds("PLAN_MIN_WRITE_INTERVAL_SECONDS", &mut c.plan_min_write_interval, false)?;
+        env.seconds(
+            "EXECUTION_PLAN_REFRESH_SECONDS",
+            &mut c.plan_refresh_interval,
+            true,
+        )?;
+        env.seconds(
+            "PLAN_MIN_WRITE_INTERVAL_SECONDS",
+            &mut c.plan_min_write_interval,
+            false,
+        )?;
         env.number("PLAN_ACTION_DETAILS_CAP", &mut c.plan_action_details_cap)?;
         let mut max_age_hours = c.plan_workflow_max_age.as_secs_f64() / 3600.0;
-        env.float("PLAN_WORKFLOW_MAX_AGE_HOURS", &mut max_age_hours, 0.0, f64::MAX)?;
+        env.float(
+            "PLAN_WORKFLOW_MAX_AGE_HOURS",
+            &mut max_age_hours,
+            0.0,
+            f64::MAX,
+        )?;
         c.plan_workflow_max_age = Duration::from_secs_f64(max_age_hours * 3600.0);
-        env.seconds("MASTER_FETCH_INTERVAL_SECONDS", &mut c.master_fetch_interval, true)?;
-        env.seconds("MASTER_GRACE_PERIOD_SECONDS", &mut c.master_grace_period, false)?;
+        env.seconds(
+            "MASTER_FETCH_INTERVAL_SECONDS",
+            &mut c.master_fetch_interval,
+            true,
+        )?;
+        env.seconds(
+            "MASTER_GRACE_PERIOD_SECONDS",
+            &mut c.master_grace_period,
+            false,
+        )?;
         env.number("WORKER_COUNT", &mut c.worker_count)?;
         if c.worker_count == 0 {
             return Err(env.error("WORKER_COUNT", "must be at least 1"));
@@ -208,12 +237,41 @@ impl Config {
         env.boolean("WORKER_SINGLE_JOB_MODE", &mut c.worker_single_job_mode)?;
         env.seconds("WORKER_STAGGER_SECONDS", &mut c.worker_stagger, false)?;
         env.seconds("WORKER_COOLDOWN_SECONDS", &mut c.worker_cooldown, false)?;
-        env.seconds("RECENTLY_PROCESSED_SECONDS", &mut c.recently_processed, false)?;
-        env.float("MEMORY_THROTTLE_THRESHOLD", &mut c.memory_throttle_threshold, 0.0, 100.0)?;
-        env.float("MEMORY_RESUME_THRESHOLD", &mut c.memory_resume_threshold, 0.0, 100.0)?;
-        env.float("GPU_THROTTLE_THRESHOLD", &mut c.gpu_throttle_threshold, 0.0, 100.0)?;
-        env.float("GPU_RESUME_THRESHOLD", &mut c.gpu_resume_threshold, 0.0, 100.0)?;
-        env.float("SWAP_THROTTLE_THRESHOLD", &mut c.swap_throttle_threshold, 0.0, 100.0)?;
+        env.seconds(
+            "RECENTLY_PROCESSED_SECONDS",
+            &mut c.recently_processed,
+            false,
+        )?;
+        env.float(
+            "MEMORY_THROTTLE_THRESHOLD",
+            &mut c.memory_throttle_threshold,
+            0.0,
+            100.0,
+        )?;
+        env.float(
+            "MEMORY_RESUME_THRESHOLD",
+            &mut c.memory_resume_threshold,
+            0.0,
+            100.0,
+        )?;
+        env.float(
+            "GPU_THROTTLE_THRESHOLD",
+            &mut c.gpu_throttle_threshold,
+            0.0,
+            100.0,
+        )?;
+        env.float(
+            "GPU_RESUME_THRESHOLD",
+            &mut c.gpu_resume_threshold,
+            0.0,
+            100.0,
+        )?;
+        env.float(
+            "SWAP_THROTTLE_THRESHOLD",
+            &mut c.swap_throttle_threshold,
+            0.0,
+            100.0,
+        )?;
         // Hysteresis needs a gap; equal thresholds would flap every sample.
         if c.memory_resume_threshold >= c.memory_throttle_threshold {
             return Err(env.error(
@@ -222,18 +280,29 @@ impl Config {
             ));
         }
         if c.gpu_resume_threshold >= c.gpu_throttle_threshold {
-            return Err(env.error("GPU_RESUME_THRESHOLD", "must be below GPU_THROTTLE_THRESHOLD"));
+            return Err(env.error(
+                "GPU_RESUME_THRESHOLD",
+                "must be below GPU_THROTTLE_THRESHOLD",
+            ));
         }
         env.seconds("MEMORY_CHECK_INTERVAL", &mut c.memory_check_interval, true)?;
-        env.seconds("SCHEDULE_LOCK_TIMEOUT_SECONDS", &mut c.schedule_lock_timeout, true)?;
-        env.seconds("SCHEDULE_EXECUTION_TIMEOUT_SECONDS", &mut c.schedule_execution_timeout, true)?;
+        env.seconds(
+            "SCHEDULE_LOCK_TIMEOUT_SECONDS",
+            &mut c.schedule_lock_timeout,
+            true,
+        )?;
+        env.seconds(
+            "SCHEDULE_EXECUTION_TIMEOUT_SECONDS",
+            &mut c.schedule_execution_timeout,
+            true,
+        )?;
         env.number("MAX_RUNS_PER_TICK", &mut c.max_runs_per_tick)?;
         if c.max_runs_per_tick == 0 {
             return Err(env.error("MAX_RUNS_PER_TICK", "must be at least 1"));
         }
         if let Some(zone) = env.get("DEFAULT_TIMEZONE") {
-            c.default_timezone = parse_timezone(&zone)
-                .map_err(|e| env.error("DEFAULT_TIMEZONE", &e.to_string()))?;
+            c.default_timezone =
+                parse_timezone(&zone).map_err(|e| env.error("DEFAULT_TIMEZONE", &e.to_string()))?;
         }
         if let Some(url) = env.get("DATABASE_URL") {
             validate_database_url(&url).map_err(|reason| env.error("DATABASE_URL", reason))?;
@@ -247,7 +316,11 @@ impl Config {
             c.instance_id = id;
         }
         if let Some(partition) = env.get("PARTITION") {
-            c.partition = Some(partition.parse().map_err(|e: String| env.error("PARTITION", &e))?);
+            c.partition = Some(
+                partition
+                    .parse()
+                    .map_err(|e: String| env.error("PARTITION", &e))?,
+            );
         }
         if let Some(format) = env.get("LOG_FORMAT") {
             c.log_format = match format.to_ascii_lowercase().as_str() {
@@ -257,9 +330,16 @@ impl Config {
             };
         }
         env.boolean("COMMAND_ACTIONS_ENABLED", &mut c.command_actions_enabled)?;
-        env.boolean("HTTP_ACTION_ALLOW_PRIVATE", &mut c.http_action_allow_private)?;
+        env.boolean(
+            "HTTP_ACTION_ALLOW_PRIVATE",
+            &mut c.http_action_allow_private,
+        )?;
         env.parsed("SUPERVISOR_MAX_RESTARTS", &mut c.supervisor_max_restarts)?;
-        env.seconds("SUPERVISOR_RESTART_WINDOW_SECONDS", &mut c.supervisor_restart_window, true)?;
+        env.seconds(
+            "SUPERVISOR_RESTART_WINDOW_SECONDS",
+            &mut c.supervisor_restart_window,
+            true,
+        )?;
         Ok(c)
     }
 }
@@ -299,7 +379,9 @@ impl Env<'_> {
 
     fn parsed<T: FromStr>(&self, name: &'static str, slot: &mut T) -> Result<(), ConfigError> {
         if let Some(text) = self.get(name) {
-            *slot = text.parse().map_err(|_| self.error(name, "not a valid value"))?;
+            *slot = text
+                .parse()
+                .map_err(|_| self.error(name, "not a valid value"))?;
         }
         Ok(())
     }
@@ -313,9 +395,17 @@ impl Env<'_> {
         Ok(())
     }
 
-    fn float(&self, name: &'static str, slot: &mut f64, min: f64, max: f64) -> Result<(), ConfigError> {
+    fn float(
+        &self,
+        name: &'static str,
+        slot: &mut f64,
+        min: f64,
+        max: f64,
+    ) -> Result<(), ConfigError> {
         if let Some(text) = self.get(name) {
-            let value: f64 = text.parse().map_err(|_| self.error(name, "expected a number"))?;
+            let value: f64 = text
+                .parse()
+                .map_err(|_| self.error(name, "expected a number"))?;
             if !(min..=max).contains(&value) {
                 return Err(self.error(name, &format!("must be between {min} and {max}")));
             }
@@ -325,13 +415,22 @@ impl Env<'_> {
     }
 
     /// Seconds, fractions allowed so tests can run with sub-second intervals.
-    fn seconds(&self, name: &'static str, slot: &mut Duration, positive: bool) -> Result<(), ConfigError> {
+    fn seconds(
+        &self,
+        name: &'static str,
+        slot: &mut Duration,
+        positive: bool,
+    ) -> Result<(), ConfigError> {
         if let Some(text) = self.get(name) {
             let value: f64 = text
                 .parse()
                 .map_err(|_| self.error(name, "expected a number of seconds"))?;
             if !value.is_finite() || value < 0.0 || (positive && value == 0.0) {
-                let bound = if positive { "greater than 0" } else { "0 or more" };
+                let bound = if positive {
+                    "greater than 0"
+                } else {
+                    "0 or more"
+                };
                 return Err(self.error(name, &format!("must be {bound} seconds")));
             }
             *slot = Duration::from_secs_f64(value);

@@ -64,14 +64,20 @@ fn main() -> ExitCode {
         }
     };
     init_logging(config.log_format);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("ruled: cannot start the runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli.command.unwrap_or(Command::Serve { demo: false }), config)) {
+    match runtime.block_on(run(
+        cli.command.unwrap_or(Command::Serve { demo: false }),
+        config,
+    )) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");
@@ -91,7 +97,11 @@ async fn run(command: Command, config: Config) -> anyhow::Result<()> {
         }
         Command::Migrate => {
             let store = connect(&config).await?;
-            println!("migrations applied to {} ({})", redact(&config.database_url), store.backend());
+            println!(
+                "migrations applied to {} ({})",
+                redact(&config.database_url),
+                store.backend()
+            );
             store.close().await;
         }
         Command::Demo => {
@@ -103,7 +113,11 @@ async fn run(command: Command, config: Config) -> anyhow::Result<()> {
         }
         Command::Plan => {
             let (loaded, source) = plan::load_plan(&config).await?;
-            if let plan::PlanSource::PlanFile { saved_at, database_error } = &source {
+            if let plan::PlanSource::PlanFile {
+                saved_at,
+                database_error,
+            } = &source
+            {
                 eprintln!(
                     "warning: the database could not be read ({database_error}); showing {} saved at {}",
                     config.plan_file.display(),
@@ -115,7 +129,13 @@ async fn run(command: Command, config: Config) -> anyhow::Result<()> {
                 println!("{line}");
             }
         }
-        Command::Preview { cron, tz, window, from, count } => {
+        Command::Preview {
+            cron,
+            tz,
+            window,
+            from,
+            count,
+        } => {
             let request = preview::PreviewRequest {
                 expression: &cron,
                 timezone: tz.as_deref(),
@@ -123,7 +143,9 @@ async fn run(command: Command, config: Config) -> anyhow::Result<()> {
                 from: from.as_deref(),
                 count,
             };
-            for line in preview::preview_lines(&request, config.default_timezone, chrono::Utc::now())? {
+            for line in
+                preview::preview_lines(&request, config.default_timezone, chrono::Utc::now())?
+            {
                 println!("{line}");
             }
         }
@@ -165,6 +187,7 @@ fn init_logging(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Json => builder.json().init(),

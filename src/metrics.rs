@@ -56,7 +56,10 @@ pub const ALL: &[&str] = &[
 /// Describes every metric to the installed recorder.
 pub fn describe_all() {
     describe_gauge!(PLAN_WORKFLOWS, "Workflows in the execution plan, by state.");
-    describe_counter!(PLAN_REFRESH_TOTAL, "Plan refreshes from SQL, by result (ok, error).");
+    describe_counter!(
+        PLAN_REFRESH_TOTAL,
+        "Plan refreshes from SQL, by result (ok, error)."
+    );
     describe_histogram!(
         PLAN_REFRESH_DURATION_SECONDS,
         Unit::Seconds,
@@ -66,21 +69,34 @@ pub fn describe_all() {
         PLAN_MERGE_CHANGES_TOTAL,
         "Workflows changed by smart merge, by kind (added, updated, removed, preserved, pruned)."
     );
-    describe_counter!(PLAN_WRITE_TOTAL, "Plan file writes, by result (ok, error, dropped).");
+    describe_counter!(
+        PLAN_WRITE_TOTAL,
+        "Plan file writes, by result (ok, error, dropped)."
+    );
     describe_histogram!(
         PLAN_WRITE_DURATION_SECONDS,
         Unit::Seconds,
         "Time to write the plan file: serialize, write, fsync, rename."
     );
-    describe_gauge!(PLAN_WRITE_QUEUE_SIZE, "Plan snapshots waiting to be written.");
+    describe_gauge!(
+        PLAN_WRITE_QUEUE_SIZE,
+        "Plan snapshots waiting to be written."
+    );
     describe_gauge!(QUEUE_SIZE, "Jobs queued for a worker.");
     describe_gauge!(ACTIVE_JOBS, "Jobs running on a worker.");
-    describe_gauge!(WORKERS, "Worker actors, by state (configured, alive, busy).");
+    describe_gauge!(
+        WORKERS,
+        "Worker actors, by state (configured, alive, busy)."
+    );
     describe_counter!(
         JOBS_TOTAL,
         "Finished jobs, by outcome (completed, failed, cancelled, timed_out)."
     );
-    describe_histogram!(JOB_DURATION_SECONDS, Unit::Seconds, "Job run time, started to finished.");
+    describe_histogram!(
+        JOB_DURATION_SECONDS,
+        Unit::Seconds,
+        "Job run time, started to finished."
+    );
     describe_histogram!(
         DISPATCH_LAG_SECONDS,
         Unit::Seconds,
@@ -90,12 +106,27 @@ pub fn describe_all() {
         JOBS_DEDUPLICATED_TOTAL,
         "Ready rules not queued, by reason (queued, active, recent, running)."
     );
-    describe_gauge!(MEMORY_USED_RATIO, "Memory in use, 0 to 1, by resource (ram, swap, gpu).");
-    describe_gauge!(MEMORY_THROTTLE_ACTIVE, "1 while the memory guard holds new work back.");
-    describe_counter!(ACTOR_RESTARTS_TOTAL, "Actor restarts by the supervisor, by actor.");
-    describe_counter!(LOCK_CLAIMS_TOTAL, "Claims of due rules, by result (won, lost, error).");
+    describe_gauge!(
+        MEMORY_USED_RATIO,
+        "Memory in use, 0 to 1, by resource (ram, swap, gpu)."
+    );
+    describe_gauge!(
+        MEMORY_THROTTLE_ACTIVE,
+        "1 while the memory guard holds new work back."
+    );
+    describe_counter!(
+        ACTOR_RESTARTS_TOTAL,
+        "Actor restarts by the supervisor, by actor."
+    );
+    describe_counter!(
+        LOCK_CLAIMS_TOTAL,
+        "Claims of due rules, by result (won, lost, error)."
+    );
     describe_counter!(DB_ERRORS_TOTAL, "Database errors, by operation.");
-    describe_gauge!(BUILD_INFO, "Always 1; the version label says which build runs.");
+    describe_gauge!(
+        BUILD_INFO,
+        "Always 1; the version label says which build runs."
+    );
 }
 
 /// Installs the global Prometheus recorder and describes every metric.
@@ -106,7 +137,9 @@ pub fn install() -> Result<PrometheusHandle, metrics_exporter_prometheus::BuildE
         // 600 s execution timeout.
         .set_buckets_for_metric(
             Matcher::Full(DISPATCH_LAG_SECONDS.to_string()),
-            &[0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 15.0, 60.0],
+            &[
+                0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 15.0, 60.0,
+            ],
         )?
         .set_buckets_for_metric(
             Matcher::Full(JOB_DURATION_SECONDS.to_string()),

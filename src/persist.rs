@@ -39,13 +39,12 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), PersistError> {
         _ => PathBuf::from("."),
     };
     fs::create_dir_all(&directory).map_err(fail)?;
-    let file_name = path.file_name().map_or_else(
-        || "plan".into(),
-        |name| name.to_string_lossy().into_owned(),
-    );
-    // The pid keeps two processes sharing a directory from clobbering each
-    // other's temp file; the leading dot keeps it out of casual listings.
-    let temp = directory.join(format!(".{file_name}.{}.tmp", std::process::id()));
+    let file_name = path
+        .file_name()
+        .map_or_else(|| "plan".into(), |name| name.to_string_lossy().into_owned());
+    // One fixed temp name per target: a write killed midway leaves one stale
+    // temp file that the next write truncates, instead of one per crash.
+    let temp = directory.join(format!(".{file_name}.tmp"));
     let result = (|| {
         let mut file = OpenOptions::new()
             .write(true)
@@ -195,7 +194,10 @@ mod tests {
         };
         write_marker(&marker, &written).unwrap();
         assert_eq!(take_marker(&marker, &plan), PreviousStop::Clean(written));
-        assert!(!marker.exists(), "taken, so the next start judges the next stop");
+        assert!(
+            !marker.exists(),
+            "taken, so the next start judges the next stop"
+        );
         assert_eq!(take_marker(&marker, &plan), PreviousStop::Crash);
     }
 }

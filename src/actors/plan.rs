@@ -62,7 +62,10 @@ impl Actor for PlanActor {
                 ExecutionPlan::from_snapshot(snapshot)
             }
             Ok(None) => {
-                info!("No plan file at {}; the database will fill the plan", args.config.plan_file.display());
+                info!(
+                    "No plan file at {}; the database will fill the plan",
+                    args.config.plan_file.display()
+                );
                 ExecutionPlan::new()
             }
             Err(e) => {
@@ -123,11 +126,17 @@ impl Actor for PlanActor {
                 state.mark_dirty(&myself);
             }
             PlanMsg::ComputeNextRunLocally { id, after, reply } => {
-                let result = local_next_run_time(&state.plan, &id, after, state.config.default_timezone);
+                let result =
+                    local_next_run_time(&state.plan, &id, after, state.config.default_timezone);
                 if let Ok(next) = result {
-                    let before = state.plan.get(&id).and_then(|w| w.branch_rule.next_run_time);
+                    let before = state
+                        .plan
+                        .get(&id)
+                        .and_then(|w| w.branch_rule.next_run_time);
                     state.plan.set_next_run_time(&id, next, now);
-                    state.plan.update(&id, |w| w.branch_rule.is_currently_running = false);
+                    state
+                        .plan
+                        .update(&id, |w| w.branch_rule.is_currently_running = false);
                     info!(
                         branch_rule_id = %id,
                         "🔄 Updated workflow {id}: next_run_time {} → {} (computed locally)",
@@ -202,7 +211,9 @@ impl PlanState {
         let wait = self
             .last_enqueued_at
             .map_or(0, |at| (at + interval - now).max(0));
-        myself.send_after(Duration::from_millis(wait as u64), || PlanMsg::FlushToWriter);
+        myself.send_after(Duration::from_millis(wait as u64), || {
+            PlanMsg::FlushToWriter
+        });
     }
 
     fn flush_to_writer(&mut self, myself: &ActorRef<PlanMsg>, now: Millis) {

@@ -109,7 +109,10 @@ impl RefresherState {
                     report.pruned,
                     elapsed.as_millis()
                 );
-                if report.is_empty() && report.preserved == 0 {
+                // The first refresh is always worth a line: it says the
+                // database is reachable and the plan is loaded.
+                let quiet = report.is_empty() && report.preserved == 0;
+                if quiet && self.stats.refreshes_ok > 1 {
                     debug!("{line}");
                 } else {
                     info!("{line}");

@@ -148,7 +148,11 @@ impl WriterState {
                 self.stats.last_error = None;
                 metrics::counter!(m::PLAN_WRITE_TOTAL, "result" => "ok").increment(1);
                 metrics::histogram!(m::PLAN_WRITE_DURATION_SECONDS).record(elapsed.as_secs_f64());
-                debug!(bytes, workflows = snapshot.workflows.len(), "💾 Wrote execution plan");
+                debug!(
+                    bytes,
+                    workflows = snapshot.workflows.len(),
+                    "💾 Wrote execution plan"
+                );
             }
             Ok(Err(e)) => self.write_failed(snapshot, e.to_string()),
             Err(join_error) => self.write_failed(snapshot, join_error.to_string()),

@@ -36,7 +36,11 @@ const BRANCHES: [(&str, &str); 3] = [
 /// (name, cron, window)
 const RULES: [(&str, &str, Option<(&str, &str)>); 3] = [
     ("Heartbeat every minute", "* * * * *", None),
-    ("Restock check, business hours", "*/15 * * * *", Some(("09:00", "17:00"))),
+    (
+        "Restock check, business hours",
+        "*/15 * * * *",
+        Some(("09:00", "17:00")),
+    ),
     ("Nightly close-out", "30 2 * * *", Some(("22:00", "06:00"))),
 ];
 

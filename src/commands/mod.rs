@@ -18,7 +18,10 @@ pub enum CommandError {
     #[error(transparent)]
     Persist(#[from] PersistError),
     #[error("invalid {field}: {message}")]
-    InvalidArgument { field: &'static str, message: String },
+    InvalidArgument {
+        field: &'static str,
+        message: String,
+    },
     #[error("no plan available: the database failed ({database}) and {plan_file} does not exist")]
     NoPlan { database: String, plan_file: String },
 }

@@ -18,7 +18,10 @@ use crate::store::Store;
 pub enum PlanSource {
     Database,
     /// The database failed; the plan file saved at this time was used.
-    PlanFile { saved_at: Millis, database_error: String },
+    PlanFile {
+        saved_at: Millis,
+        database_error: String,
+    },
 }
 
 /// The database first, as the first refresh does; the plan file when the
@@ -116,7 +119,13 @@ mod tests {
         fixture.branch.timezone = Some("America/New_York".into());
         let ready_plan = fixture.plan();
         let lines = plan_lines(&ready_plan, now, chrono_tz::Asia::Riyadh);
-        assert_eq!(lines[0], format!("1 workflow(s), 1 ready at {}", millis_to_utc(now).to_rfc3339()));
+        assert_eq!(
+            lines[0],
+            format!(
+                "1 workflow(s), 1 ready at {}",
+                millis_to_utc(now).to_rfc3339()
+            )
+        );
         assert!(lines[1].ends_with("READY"), "{}", lines[1]);
         assert!(lines[1].contains("America/New_York"), "{}", lines[1]);
         assert!(lines[1].contains("branch / rule"), "{}", lines[1]);
@@ -124,6 +133,10 @@ mod tests {
         fixture.branch.is_active = false;
         let held = fixture.plan();
         let lines = plan_lines(&held, now, chrono_tz::Asia::Riyadh);
-        assert!(lines[1].ends_with("not ready: branch.is_active is false"), "{}", lines[1]);
+        assert!(
+            lines[1].ends_with("not ready: branch.is_active is false"),
+            "{}",
+            lines[1]
+        );
     }
 }

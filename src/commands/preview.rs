@@ -27,10 +27,7 @@ pub fn preview_lines(
         Some(name) => parse_timezone(name)?,
         None => default_zone,
     };
-    let window = request
-        .window
-        .map(str::parse::<Window>)
-        .transpose()?;
+    let window = request.window.map(str::parse::<Window>).transpose()?;
     let from = match request.from {
         Some(text) => DateTime::parse_from_rfc3339(text)
             .map_err(|e| CommandError::InvalidArgument {
@@ -59,7 +56,13 @@ pub fn preview_lines(
 mod tests {
     use super::*;
 
-    fn lines(expression: &str, tz: &str, window: Option<&str>, from: &str, count: usize) -> Vec<String> {
+    fn lines(
+        expression: &str,
+        tz: &str,
+        window: Option<&str>,
+        from: &str,
+        count: usize,
+    ) -> Vec<String> {
         let request = PreviewRequest {
             expression,
             timezone: Some(tz),
@@ -72,7 +75,13 @@ mod tests {
 
     #[test]
     fn shows_utc_and_local_time_across_a_dst_gap() {
-        let out = lines("30 2 * * *", "America/New_York", None, "2026-03-07T12:00:00Z", 3);
+        let out = lines(
+            "30 2 * * *",
+            "America/New_York",
+            None,
+            "2026-03-07T12:00:00Z",
+            3,
+        );
         assert_eq!(
             out,
             vec![

@@ -216,7 +216,11 @@ mod tests {
         assert_eq!(report.preserved, 1);
         let workflow = plan.get(&id).unwrap();
         assert!(workflow.branch_rule.is_currently_running);
-        assert_eq!(workflow.branch_rule.last_run_time, Some(NOW - 5), "other fields follow the database");
+        assert_eq!(
+            workflow.branch_rule.last_run_time,
+            Some(NOW - 5),
+            "other fields follow the database"
+        );
         assert!(ready(&plan, NOW, 500, Riyadh).is_empty());
     }
 
@@ -233,15 +237,25 @@ mod tests {
         let report = merge(&mut plan, fixture.data(), NOW, options());
         assert_eq!(report.preserved, 1);
         assert_eq!(report.updated, 0);
-        assert_eq!(plan.get(&id).unwrap().branch_rule.next_run_time, Some(NOW + HOUR));
+        assert_eq!(
+            plan.get(&id).unwrap().branch_rule.next_run_time,
+            Some(NOW + HOUR)
+        );
 
         // A refresh interval later the database is trusted again.
         let report = merge(&mut plan, fixture.data(), NOW + 20_000, options());
         assert_eq!(report.updated, 1);
-        assert_eq!(plan.get(&id).unwrap().branch_rule.next_run_time, Some(NOW - 1));
+        assert_eq!(
+            plan.get(&id).unwrap().branch_rule.next_run_time,
+            Some(NOW - 1)
+        );
         assert_eq!(
             report.next_run_changes,
-            vec![NextRunChange { id, from: Some(NOW + HOUR), to: Some(NOW - 1) }]
+            vec![NextRunChange {
+                id,
+                from: Some(NOW + HOUR),
+                to: Some(NOW - 1)
+            }]
         );
     }
 
@@ -251,12 +265,18 @@ mod tests {
         let mut plan = fixture.plan();
         let mut server = fixture.data();
         let new_id = Uuid::from_u128(0xA11);
-        server
-            .branch_rules
-            .push(branch_rule(new_id, fixture.branch.id, fixture.rule.id, NOW - 2));
+        server.branch_rules.push(branch_rule(
+            new_id,
+            fixture.branch.id,
+            fixture.rule.id,
+            NOW - 2,
+        ));
         let report = merge(&mut plan, server, NOW, options());
         assert_eq!((report.added, report.updated, report.removed), (1, 0, 0));
-        assert_eq!(ready(&plan, NOW, 500, Riyadh), vec![new_id, fixture.workflow_id]);
+        assert_eq!(
+            ready(&plan, NOW, 500, Riyadh),
+            vec![new_id, fixture.workflow_id]
+        );
     }
 
     #[test]
@@ -306,7 +326,10 @@ mod tests {
         merge(&mut plan, empty, NOW, options());
         let report = merge(&mut plan, fixture.data(), NOW + 1_000, options());
         assert_eq!(report.updated, 1);
-        assert_eq!(ready(&plan, NOW + 1_000, 500, Riyadh), vec![fixture.workflow_id]);
+        assert_eq!(
+            ready(&plan, NOW + 1_000, 500, Riyadh),
+            vec![fixture.workflow_id]
+        );
     }
 
     #[test]
@@ -319,12 +342,21 @@ mod tests {
         stale.id = Uuid::from_u128(0xDEAD);
         plan.insert(Workflow::new(stale));
 
-        let first = MergeOptions { first_refresh: true, ..options() };
+        let first = MergeOptions {
+            first_refresh: true,
+            ..options()
+        };
         let report = merge(&mut plan, fixture.data(), NOW, first);
         let workflow = plan.get(&id).unwrap();
-        assert!(!workflow.branch_rule.is_currently_running, "running flag from the database");
+        assert!(
+            !workflow.branch_rule.is_currently_running,
+            "running flag from the database"
+        );
         assert_eq!(workflow.locally_updated_at, None);
-        assert!(plan.get(&Uuid::from_u128(0xDEAD)).is_none(), "gone at once, no grace period");
+        assert!(
+            plan.get(&Uuid::from_u128(0xDEAD)).is_none(),
+            "gone at once, no grace period"
+        );
         assert_eq!((report.updated, report.removed, report.pruned), (1, 1, 1));
         assert_eq!(ready(&plan, NOW, 500, Riyadh), vec![id]);
     }

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::model::{
-    ActionDetail, ActionTemplate, Brand, BrandRule, Branch, BranchRule, Millis, PlanData, Rule,
+    ActionDetail, ActionTemplate, Branch, BranchRule, Brand, BrandRule, Millis, PlanData, Rule,
 };
 
 pub use merge::{MergeOptions, MergeReport, NextRunChange, merge};
@@ -198,7 +198,10 @@ impl ExecutionPlan {
         self.action_templates = by_id(action_templates, |t| t.id);
         let mut grouped: HashMap<Uuid, Vec<ActionDetail>> = HashMap::new();
         for detail in action_details {
-            grouped.entry(detail.branch_rule_id).or_default().push(detail);
+            grouped
+                .entry(detail.branch_rule_id)
+                .or_default()
+                .push(detail);
         }
         for details in grouped.values_mut() {
             details.sort_by_key(|d| (d.position, d.id));

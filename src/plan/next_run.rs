@@ -81,7 +81,9 @@ mod tests {
     use serde_json::json;
 
     fn utc_ms(y: i32, mo: u32, d: u32, h: u32, mi: u32) -> Millis {
-        Utc.with_ymd_and_hms(y, mo, d, h, mi, 0).unwrap().timestamp_millis()
+        Utc.with_ymd_and_hms(y, mo, d, h, mi, 0)
+            .unwrap()
+            .timestamp_millis()
     }
 
     #[test]
@@ -90,7 +92,12 @@ mod tests {
         fixture.rule.cron_expression = "30 2 * * *".into();
         let plan = fixture.plan();
         // 02:30 in Riyadh (UTC+3) is 23:30 UTC the day before.
-        let next = local_next_run_time(&plan, &fixture.workflow_id, utc_ms(2026, 6, 1, 0, 0), chrono_tz::Asia::Riyadh);
+        let next = local_next_run_time(
+            &plan,
+            &fixture.workflow_id,
+            utc_ms(2026, 6, 1, 0, 0),
+            chrono_tz::Asia::Riyadh,
+        );
         assert_eq!(next, Ok(utc_ms(2026, 6, 1, 23, 30)));
     }
 
@@ -111,7 +118,12 @@ mod tests {
         let mut data = fixture.data();
         data.brand_rules.push(brand_rule);
         let plan = ExecutionPlan::from_data(data);
-        let next = local_next_run_time(&plan, &fixture.workflow_id, utc_ms(2026, 6, 1, 0, 0), chrono_tz::Asia::Riyadh);
+        let next = local_next_run_time(
+            &plan,
+            &fixture.workflow_id,
+            utc_ms(2026, 6, 1, 0, 0),
+            chrono_tz::Asia::Riyadh,
+        );
         // 09:00 EDT is 13:00 UTC.
         assert_eq!(next, Ok(utc_ms(2026, 6, 1, 13, 0)));
     }

@@ -27,9 +27,16 @@ pub enum NotReady {
     RuleMissing,
     RuleInactive,
     NoNextRunTime,
-    NotDue { next_run_time: Millis },
-    InvalidTimezone { timezone: String },
-    OutsideWindow { local_time: TimeOfDay, window: Window },
+    NotDue {
+        next_run_time: Millis,
+    },
+    InvalidTimezone {
+        timezone: String,
+    },
+    OutsideWindow {
+        local_time: TimeOfDay,
+        window: Window,
+    },
 }
 
 impl fmt::Display for NotReady {
@@ -46,7 +53,11 @@ impl fmt::Display for NotReady {
             NotReady::RuleInactive => write!(f, "rule.status is inactive"),
             NotReady::NoNextRunTime => write!(f, "next_run_time is not set"),
             NotReady::NotDue { next_run_time } => {
-                write!(f, "not due until {}", millis_to_utc(*next_run_time).to_rfc3339())
+                write!(
+                    f,
+                    "not due until {}",
+                    millis_to_utc(*next_run_time).to_rfc3339()
+                )
             }
             NotReady::InvalidTimezone { timezone } => {
                 write!(f, "branch timezone {timezone:?} is not an IANA zone")
@@ -166,8 +177,16 @@ mod tests {
     #[test]
     fn each_criterion_holds_a_rule_back_on_its_own() {
         let cases: Vec<(&str, Box<dyn Fn(&mut Fixture)>, NotReady)> = vec![
-            ("is_active", Box::new(|f| f.branch_rule.is_active = false), NotReady::Inactive),
-            ("is_archived", Box::new(|f| f.branch_rule.is_archived = true), NotReady::Archived),
+            (
+                "is_active",
+                Box::new(|f| f.branch_rule.is_active = false),
+                NotReady::Inactive,
+            ),
+            (
+                "is_archived",
+                Box::new(|f| f.branch_rule.is_archived = true),
+                NotReady::Archived,
+            ),
             (
                 "is_force_stopped",
                 Box::new(|f| f.branch_rule.is_force_stopped = true),
@@ -178,7 +197,11 @@ mod tests {
                 Box::new(|f| f.branch_rule.is_currently_running = true),
                 NotReady::CurrentlyRunning,
             ),
-            ("branch.is_active", Box::new(|f| f.branch.is_active = false), NotReady::BranchInactive),
+            (
+                "branch.is_active",
+                Box::new(|f| f.branch.is_active = false),
+                NotReady::BranchInactive,
+            ),
             (
                 "rule.status",
                 Box::new(|f| f.rule.status = RuleStatus::Inactive),
@@ -187,7 +210,9 @@ mod tests {
             (
                 "next_run_time",
                 Box::new(|f| f.branch_rule.next_run_time = Some(NOW + 1)),
-                NotReady::NotDue { next_run_time: NOW + 1 },
+                NotReady::NotDue {
+                    next_run_time: NOW + 1,
+                },
             ),
             (
                 "next_run_time unset",
@@ -204,7 +229,11 @@ mod tests {
         }
     }
 
-    fn window_case(zone: Option<&str>, window: Option<&str>, local: (u32, u32)) -> Result<(), NotReady> {
+    fn window_case(
+        zone: Option<&str>,
+        window: Option<&str>,
+        local: (u32, u32),
+    ) -> Result<(), NotReady> {
         let tz: Tz = zone.map_or(RIYADH, |z| z.parse().unwrap());
         let now = at_local(tz, 2026, 6, 15, local.0, local.1);
         let mut fixture = Fixture::due(now - 60_000);
@@ -219,9 +248,22 @@ mod tests {
 
     #[test]
     fn same_day_window_in_each_zone() {
-        for zone in [None, Some("Asia/Riyadh"), Some("America/New_York"), Some("Australia/Lord_Howe")] {
-            assert_eq!(window_case(zone, Some("09:00-17:00"), (9, 0)), Ok(()), "{zone:?}");
-            assert_eq!(window_case(zone, Some("09:00-17:00"), (16, 59)), Ok(()), "{zone:?}");
+        for zone in [
+            None,
+            Some("Asia/Riyadh"),
+            Some("America/New_York"),
+            Some("Australia/Lord_Howe"),
+        ] {
+            assert_eq!(
+                window_case(zone, Some("09:00-17:00"), (9, 0)),
+                Ok(()),
+                "{zone:?}"
+            );
+            assert_eq!(
+                window_case(zone, Some("09:00-17:00"), (16, 59)),
+                Ok(()),
+                "{zone:?}"
+            );
             assert!(
                 matches!(
                     window_case(zone, Some("09:00-17:00"), (17, 0)),
@@ -229,18 +271,44 @@ mod tests {
                 ),
                 "{zone:?}"
             );
-            assert!(window_case(zone, Some("09:00-17:00"), (8, 59)).is_err(), "{zone:?}");
+            assert!(
+                window_case(zone, Some("09:00-17:00"), (8, 59)).is_err(),
+                "{zone:?}"
+            );
         }
     }
 
     #[test]
     fn overnight_window_in_each_zone() {
-        for zone in [None, Some("Asia/Riyadh"), Some("America/New_York"), Some("Australia/Lord_Howe")] {
-            assert_eq!(window_case(zone, Some("22:00-06:00"), (22, 0)), Ok(()), "{zone:?}");
-            assert_eq!(window_case(zone, Some("22:00-06:00"), (5, 59)), Ok(()), "{zone:?}");
-            assert_eq!(window_case(zone, Some("22:00-06:00"), (0, 30)), Ok(()), "{zone:?}");
-            assert!(window_case(zone, Some("22:00-06:00"), (6, 0)).is_err(), "{zone:?}");
-            assert!(window_case(zone, Some("22:00-06:00"), (21, 59)).is_err(), "{zone:?}");
+        for zone in [
+            None,
+            Some("Asia/Riyadh"),
+            Some("America/New_York"),
+            Some("Australia/Lord_Howe"),
+        ] {
+            assert_eq!(
+                window_case(zone, Some("22:00-06:00"), (22, 0)),
+                Ok(()),
+                "{zone:?}"
+            );
+            assert_eq!(
+                window_case(zone, Some("22:00-06:00"), (5, 59)),
+                Ok(()),
+                "{zone:?}"
+            );
+            assert_eq!(
+                window_case(zone, Some("22:00-06:00"), (0, 30)),
+                Ok(()),
+                "{zone:?}"
+            );
+            assert!(
+                window_case(zone, Some("22:00-06:00"), (6, 0)).is_err(),
+                "{zone:?}"
+            );
+            assert!(
+                window_case(zone, Some("22:00-06:00"), (21, 59)).is_err(),
+                "{zone:?}"
+            );
         }
     }
 
@@ -248,7 +316,11 @@ mod tests {
     fn no_window_is_always_open_in_each_zone() {
         for zone in [None, Some("America/New_York"), Some("Australia/Lord_Howe")] {
             for hour in [0, 5, 12, 23] {
-                assert_eq!(window_case(zone, None, (hour, 0)), Ok(()), "{zone:?} {hour}");
+                assert_eq!(
+                    window_case(zone, None, (hour, 0)),
+                    Ok(()),
+                    "{zone:?} {hour}"
+                );
             }
         }
     }
@@ -257,12 +329,18 @@ mod tests {
     fn the_branch_zone_decides_not_the_default() {
         // 23:00 in New York is 06:00 the next morning in Riyadh: inside the
         // overnight window for the branch, outside it in the default zone.
-        assert_eq!(window_case(Some("America/New_York"), Some("22:00-06:00"), (23, 0)), Ok(()));
+        assert_eq!(
+            window_case(Some("America/New_York"), Some("22:00-06:00"), (23, 0)),
+            Ok(())
+        );
         let now = at_local(chrono_tz::America::New_York, 2026, 6, 15, 23, 0);
         let mut fixture = Fixture::due(now - 1);
         fixture.branch_rule.operation_time_from = Some("22:00".parse().unwrap());
         fixture.branch_rule.operation_time_to = Some("06:00".parse().unwrap());
-        assert!(matches!(reason(&fixture, now), Err(NotReady::OutsideWindow { .. })));
+        assert!(matches!(
+            reason(&fixture, now),
+            Err(NotReady::OutsideWindow { .. })
+        ));
     }
 
     #[test]
@@ -271,7 +349,10 @@ mod tests {
         fixture.branch.timezone = Some("Mars/Olympus".into());
         fixture.branch_rule.operation_time_from = Some("00:00".parse().unwrap());
         fixture.branch_rule.operation_time_to = Some("12:00".parse().unwrap());
-        assert!(matches!(reason(&fixture, NOW), Err(NotReady::InvalidTimezone { .. })));
+        assert!(matches!(
+            reason(&fixture, NOW),
+            Err(NotReady::InvalidTimezone { .. })
+        ));
     }
 
     #[test]

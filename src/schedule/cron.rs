@@ -150,7 +150,9 @@ impl CronSchedule {
 
 impl fmt::Debug for CronSchedule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("CronSchedule").field(&self.expression).finish()
+        f.debug_tuple("CronSchedule")
+            .field(&self.expression)
+            .finish()
     }
 }
 
@@ -205,8 +207,8 @@ pub fn next_after_millis(
     tz: Tz,
     after_ms: i64,
 ) -> Result<i64, ScheduleError> {
-    let after =
-        DateTime::from_timestamp_millis(after_ms).ok_or(ScheduleError::InvalidTimestamp(after_ms))?;
+    let after = DateTime::from_timestamp_millis(after_ms)
+        .ok_or(ScheduleError::InvalidTimestamp(after_ms))?;
     Ok(schedule.next_after(tz, after)?.timestamp_millis())
 }
 
@@ -243,7 +245,10 @@ mod tests {
                 let (mut ours, mut native) = (start, start.with_timezone(&tz));
                 for _ in 0..400 {
                     ours = schedule.next_after(tz, ours).unwrap();
-                    native = schedule.engine.find_next_occurrence(&native, false).unwrap();
+                    native = schedule
+                        .engine
+                        .find_next_occurrence(&native, false)
+                        .unwrap();
                     assert_eq!(ours, native, "{expression} in {tz}");
                 }
             }

@@ -124,7 +124,10 @@ impl Field {
                 self.name()
             ));
         }
-        Err(format!("{} field: {token:?} is not a valid value", self.name()))
+        Err(format!(
+            "{} field: {token:?} is not a valid value",
+            self.name()
+        ))
     }
 }
 
@@ -155,7 +158,10 @@ fn parse_field(field: Field, text: &str) -> Result<(u64, bool), String> {
     let mut interval = false;
     for item in text.split(',') {
         if item.is_empty() {
-            return Err(format!("{} field: empty item in list {text:?}", field.name()));
+            return Err(format!(
+                "{} field: empty item in list {text:?}",
+                field.name()
+            ));
         }
         let (range, step) = match item.split_once('/') {
             Some((range, step)) => (range, Some(step)),
@@ -259,7 +265,29 @@ impl Fields {
             any_weekday: parts[4] == "*",
             fixed_time: !interval[0] && !interval[1],
         };
-        Ok((fields, parts.join(" ")))
+        // Month and weekday go to the engine as plain value lists. croner
+        // rewrites names by text substitution, which misreads some ranges
+        // (`SUN-SUN` becomes `0-7`, every day); a list cannot be misread, and
+        // neither field affects the engine's DST policy.
+        let list = |text: &str, bits: u64| {
+            if text == "*" {
+                return text.to_string();
+            }
+            (0..64)
+                .filter(|bit| bits & (1 << bit) != 0)
+                .map(|bit: u32| bit.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let normalized = [
+            parts[0].to_string(),
+            parts[1].to_string(),
+            parts[2].to_string(),
+            list(parts[3], sets[3]),
+            list(parts[4], sets[4]),
+        ]
+        .join(" ");
+        Ok((fields, normalized))
     }
 
     pub(crate) fn is_fixed_time(&self) -> bool {
@@ -336,6 +364,14 @@ mod tests {
     }
 
     #[test]
+    fn months_and_weekdays_reach_the_engine_as_value_lists() {
+        let (_, normalized) = Fields::parse("*/5 1-3 */10 jan-MAR,dec sun-sun").unwrap();
+        assert_eq!(normalized, "*/5 1-3 */10 1,2,3,12 0");
+        let (_, normalized) = Fields::parse("0 0 1 * SAT-7").unwrap();
+        assert_eq!(normalized, "0 0 1 * 0,6");
+    }
+
+    #[test]
     fn sunday_is_zero_and_seven() {
         assert_eq!(fields("0 0 * * 7").weekdays, 1);
         assert_eq!(fields("0 0 * * 5-7").weekdays, 1 | 1 << 5 | 1 << 6);
@@ -348,7 +384,12 @@ mod tests {
         for fixed in ["30 2 * * *", "0 1,13 * * *", "0,30 2 * * *", "0 9-17 * * *"] {
             assert!(fields(fixed).is_fixed_time(), "{fixed}");
         }
-        for interval in ["*/15 * * * *", "0 * * * *", "0 */2 * * *", "0-59/15 1 * * *"] {
+        for interval in [
+            "*/15 * * * *",
+            "0 * * * *",
+            "0 */2 * * *",
+            "0-59/15 1 * * *",
+        ] {
             assert!(!fields(interval).is_fixed_time(), "{interval}");
         }
     }
@@ -357,6 +398,7 @@ mod tests {
     fn aliases_expand_to_five_fields() {
         assert_eq!(Fields::parse("@daily").unwrap().1, "0 0 * * *");
         assert_eq!(Fields::parse("@HOURLY").unwrap().1, "0 * * * *");
+        assert_eq!(Fields::parse("@weekly").unwrap().1, "0 0 * * 0");
         assert!(error("@reboot").contains("unknown alias"));
     }
 

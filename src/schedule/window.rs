@@ -181,7 +181,10 @@ mod tests {
     #[test]
     fn malformed_times_are_rejected() {
         for bad in ["24:00", "12:60", "9:00", "09:5", "0900", "ab:cd", ""] {
-            assert!(bad.parse::<TimeOfDay>().is_err(), "{bad} should be rejected");
+            assert!(
+                bad.parse::<TimeOfDay>().is_err(),
+                "{bad} should be rejected"
+            );
         }
         assert!("09:00".parse::<Window>().is_err());
     }

@@ -133,6 +133,9 @@ mod tests {
         let error = parse_timezone("Mars/Olympus").unwrap_err();
         assert_eq!(error, ScheduleError::UnknownTimeZone("Mars/Olympus".into()));
         assert!(error.to_string().contains("Mars/Olympus"));
-        assert_eq!(parse_timezone("Asia/Riyadh").unwrap(), chrono_tz::Asia::Riyadh);
+        assert_eq!(
+            parse_timezone("Asia/Riyadh").unwrap(),
+            chrono_tz::Asia::Riyadh
+        );
     }
 }

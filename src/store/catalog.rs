@@ -2,7 +2,7 @@
 
 use super::decode::{AnyRow, RowReader, id_text, json_text, opt_id_text};
 use super::{Store, StoreError};
-use crate::model::{ActionTemplate, Brand, BrandRule, Branch, Rule};
+use crate::model::{ActionTemplate, Branch, Brand, BrandRule, Rule};
 
 // ---- brands ----------------------------------------------------------------
 
@@ -181,7 +181,10 @@ impl Store {
         .map(drop)
     }
 
-    pub async fn insert_action_template(&self, template: &ActionTemplate) -> Result<(), StoreError> {
+    pub async fn insert_action_template(
+        &self,
+        template: &ActionTemplate,
+    ) -> Result<(), StoreError> {
         execute!(
             self,
             "insert action_template",

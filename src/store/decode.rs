@@ -99,7 +99,10 @@ impl<'r, R: AnyRow> RowReader<'r, R> {
     }
 
     pub(crate) fn bool(&self, column: &'static str) -> Result<bool, StoreError> {
-        let value = self.row.boolean(column).map_err(|e| self.error(column, e))?;
+        let value = self
+            .row
+            .boolean(column)
+            .map_err(|e| self.error(column, e))?;
         self.required(column, value)
     }
 

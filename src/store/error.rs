@@ -5,6 +5,9 @@ use sqlx::error::ErrorKind;
 use sqlx::migrate::MigrateError;
 use sqlx::sqlite::SqliteError;
 
+/// Extended result code 1811 (`SQLITE_CONSTRAINT | 7 << 8`).
+const SQLITE_CONSTRAINT_TRIGGER: &str = "1811";
+
 /// Which database a [`Store`](super::Store) talks to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Backend {
@@ -93,7 +96,19 @@ impl StoreError {
     /// The kind of constraint the database refused, if that is what happened.
     pub fn db_error_kind(&self) -> Option<ErrorKind> {
         match self.sqlx_error()? {
-            sqlx::Error::Database(db) => Some(db.kind()),
+            sqlx::Error::Database(db) => {
+                // SQLite enforces ON DELETE RESTRICT like a trigger and reports
+                // SQLITE_CONSTRAINT_TRIGGER, which sqlx maps to `Other`; it is
+                // the same refusal PostgreSQL reports as a foreign key violation.
+                let restrict = db.try_downcast_ref::<SqliteError>().is_some()
+                    && db.code().as_deref() == Some(SQLITE_CONSTRAINT_TRIGGER)
+                    && db.message() == "FOREIGN KEY constraint failed";
+                Some(if restrict {
+                    ErrorKind::ForeignKeyViolation
+                } else {
+                    db.kind()
+                })
+            }
             _ => None,
         }
     }
@@ -147,5 +162,23 @@ impl StoreError {
             }
             _ => false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn query_error(error: sqlx::Error) -> StoreError {
+        StoreError::query("test")(error)
+    }
+
+    #[test]
+    fn outages_are_transient_and_logic_errors_are_not() {
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert!(query_error(sqlx::Error::Io(refused)).is_transient());
+        assert!(query_error(sqlx::Error::PoolTimedOut).is_transient());
+        assert!(!query_error(sqlx::Error::RowNotFound).is_transient());
+        assert!(!StoreError::InvalidUrl { scheme: "x".into() }.is_transient());
     }
 }

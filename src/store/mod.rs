@@ -9,9 +9,9 @@
 //! pool it holds.
 //!
 //! Statements are named constants next to the functions that use them,
-//! grouped by table: [`catalog`] (brands, branches, rules, brand rules,
-//! action templates), [`workflows`] (branch rules, action details) and
-//! [`plan_data`] (the refresher's consistent read of all of them).
+//! grouped by table: `catalog` (brands, branches, rules, brand rules,
+//! action templates), `workflows` (branch rules, action details) and
+//! `plan_data` (the refresher's consistent read of all of them).
 
 use std::path::Path;
 use std::str::FromStr;
@@ -163,9 +163,7 @@ impl Store {
 }
 
 fn is_sqlite_memory(url: &str) -> bool {
-    let rest = url
-        .trim_start_matches("sqlite:")
-        .trim_start_matches("//");
+    let rest = url.trim_start_matches("sqlite:").trim_start_matches("//");
     let (database, params) = rest.split_once('?').unwrap_or((rest, ""));
     database == ":memory:" || params.split('&').any(|param| param == "mode=memory")
 }
@@ -266,10 +264,7 @@ mod tests {
             redact_password("postgres://u:p%40ss@db:5432/x?sslmode=require"),
             "postgres://u:***@db:5432/x?sslmode=require"
         );
-        assert_eq!(
-            redact_password("postgres://u@db/x"),
-            "postgres://u@db/x"
-        );
+        assert_eq!(redact_password("postgres://u@db/x"), "postgres://u@db/x");
         assert_eq!(redact_password("postgres://db/x"), "postgres://db/x");
     }
 

@@ -1,8 +1,8 @@
 //! The refresher's read of every table the execution plan needs.
 
 use super::catalog::{
-    SELECT_ACTION_TEMPLATES, SELECT_BRAND_RULES, SELECT_BRANCHES, SELECT_BRANDS, SELECT_RULES,
-    decode_action_template, decode_brand, decode_brand_rule, decode_branch, decode_rule,
+    SELECT_ACTION_TEMPLATES, SELECT_BRANCHES, SELECT_BRAND_RULES, SELECT_BRANDS, SELECT_RULES,
+    decode_action_template, decode_branch, decode_brand, decode_brand_rule, decode_rule,
 };
 use super::workflows::{
     SELECT_ACTION_DETAILS_CAPPED, SELECT_BRANCH_RULES, decode_action_detail, decode_branch_rule,

@@ -46,7 +46,8 @@ pub enum ActorKind {
 impl ActorKind {
     /// Start order: the writer before the plan (the plan hands it snapshots),
     /// the plan before the refresher (the refresher merges into it).
-    pub const START_ORDER: [ActorKind; 3] = [ActorKind::Writer, ActorKind::Plan, ActorKind::Refresher];
+    pub const START_ORDER: [ActorKind; 3] =
+        [ActorKind::Writer, ActorKind::Plan, ActorKind::Refresher];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -144,7 +145,8 @@ impl Actor for RootSupervisor {
                     state.child_failed(&myself, kind, format!("restart failed: {e}"));
                 } else {
                     *state.restarts.entry(kind).or_default() += 1;
-                    metrics::counter!(m::ACTOR_RESTARTS_TOTAL, "actor" => kind.as_str()).increment(1);
+                    metrics::counter!(m::ACTOR_RESTARTS_TOTAL, "actor" => kind.as_str())
+                        .increment(1);
                     info!(actor = %kind, "♻️ Restarted actor {kind}");
                 }
             }
@@ -169,7 +171,10 @@ impl Actor for RootSupervisor {
             SupervisionEvent::ActorFailed(cell, error) => (cell, format!("failed: {error}")),
             SupervisionEvent::ActorTerminated(cell, _, reason) => (
                 cell,
-                format!("stopped: {}", reason.unwrap_or_else(|| "no reason given".into())),
+                format!(
+                    "stopped: {}",
+                    reason.unwrap_or_else(|| "no reason given".into())
+                ),
             ),
             _ => return Ok(()),
         };
@@ -203,7 +208,10 @@ impl SupervisorState {
                     min_interval: a.config.plan_min_write_interval,
                     clock: a.clock,
                 };
-                Actor::spawn_linked(name, WriterActor, args, supervisor).await?.0.get_cell()
+                Actor::spawn_linked(name, WriterActor, args, supervisor)
+                    .await?
+                    .0
+                    .get_cell()
             }
             ActorKind::Plan => {
                 let args = PlanArgs {
@@ -211,7 +219,10 @@ impl SupervisorState {
                     clock: a.clock,
                     directory: a.directory.clone(),
                 };
-                Actor::spawn_linked(name, PlanActor, args, supervisor).await?.0.get_cell()
+                Actor::spawn_linked(name, PlanActor, args, supervisor)
+                    .await?
+                    .0
+                    .get_cell()
             }
             ActorKind::Refresher => {
                 let args = RefresherArgs {
@@ -220,7 +231,10 @@ impl SupervisorState {
                     clock: a.clock,
                     directory: a.directory.clone(),
                 };
-                Actor::spawn_linked(name, RefresherActor, args, supervisor).await?.0.get_cell()
+                Actor::spawn_linked(name, RefresherActor, args, supervisor)
+                    .await?
+                    .0
+                    .get_cell()
             }
         };
         self.children.insert(cell.get_id(), kind);

@@ -49,7 +49,10 @@ impl RestartPolicy {
     /// `max_restarts` failures within the window escalate.
     pub fn on_failure(&mut self, kind: ActorKind, now: Millis) -> RestartDecision {
         let history = self.failures.entry(kind).or_default();
-        while history.front().is_some_and(|&at| now - at >= self.window_ms) {
+        while history
+            .front()
+            .is_some_and(|&at| now - at >= self.window_ms)
+        {
             history.pop_front();
         }
         history.push_back(now);
@@ -95,7 +98,9 @@ mod tests {
         }
         assert_eq!(
             policy.on_failure(ActorKind::Plan, 5_000),
-            RestartDecision::Escalate { failures_in_window: 6 }
+            RestartDecision::Escalate {
+                failures_in_window: 6
+            }
         );
     }
 
@@ -115,8 +120,17 @@ mod tests {
     #[test]
     fn actors_are_counted_separately() {
         let mut policy = RestartPolicy::new(1, Duration::from_secs(60));
-        assert!(matches!(policy.on_failure(ActorKind::Plan, 0), RestartDecision::Restart { .. }));
-        assert!(matches!(policy.on_failure(ActorKind::Writer, 0), RestartDecision::Restart { .. }));
-        assert!(matches!(policy.on_failure(ActorKind::Plan, 1), RestartDecision::Escalate { .. }));
+        assert!(matches!(
+            policy.on_failure(ActorKind::Plan, 0),
+            RestartDecision::Restart { .. }
+        ));
+        assert!(matches!(
+            policy.on_failure(ActorKind::Writer, 0),
+            RestartDecision::Restart { .. }
+        ));
+        assert!(matches!(
+            policy.on_failure(ActorKind::Plan, 1),
+            RestartDecision::Escalate { .. }
+        ));
     }
 }

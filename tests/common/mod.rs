@@ -34,6 +34,7 @@
 #![allow(dead_code)]
 
 use std::future::Future;
+use std::io::Write;
 use std::time::{Duration, Instant};
 
 use ruled::store::{Backend, Store};
@@ -152,7 +153,10 @@ pub async fn postgres_db() -> Option<TestDb> {
                  (CI=true, so this is a failure; set RULED_TEST_POSTGRES_URL)"
             );
         }
-        eprintln!(
+        // Straight to the stderr handle: libtest captures `eprintln!` of
+        // passing tests, and a silent skip would read as a pass.
+        let _ = writeln!(
+            std::io::stderr(),
             "\n!!! SKIPPING PostgreSQL test {test}: cannot reach {admin_url}: {error}\n\
              !!! set RULED_TEST_POSTGRES_URL to a server where this user may CREATE DATABASE\n"
         );
@@ -176,7 +180,8 @@ impl Drop for PgDatabase {
         // FORCE: pools the test forgot to close must not keep the database.
         let sql = format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.name);
         if let Err(error) = admin_sql(&self.admin_url, sql) {
-            eprintln!(
+            let _ = writeln!(
+                std::io::stderr(),
                 "warning: could not drop test database {}: {error}",
                 self.name
             );

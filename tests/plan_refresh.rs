@@ -1,0 +1,162 @@
+//! The plan follows the database: rows written with plain SQL reach the
+//! ready set at the next refresh, on SQLite and PostgreSQL.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{TestDb, eventually};
+use ruled::actors::ask;
+use ruled::clock::Clock;
+use ruled::config::Config;
+use ruled::messages::PlanMsg;
+use ruled::service::Service;
+use uuid::Uuid;
+
+const DEADLINE: Duration = Duration::from_secs(10);
+
+struct Running {
+    service: Service,
+    _dir: tempfile::TempDir,
+}
+
+async fn start(db: &TestDb) -> Running {
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config {
+        database_url: db.url.clone(),
+        plan_file: dir.path().join("plan.json"),
+        shutdown_marker_file: dir.path().join("marker.json"),
+        plan_refresh_interval: Duration::from_millis(100),
+        plan_min_write_interval: Duration::from_millis(50),
+        ..Config::default()
+    };
+    let service = Service::start(config, Clock::system()).await.unwrap();
+    Running { service, _dir: dir }
+}
+
+async fn ready_ids(service: &Service) -> Vec<Uuid> {
+    match service.directory().plan() {
+        Some(plan) => ask(&plan, PlanMsg::Ready).await.unwrap_or_default(),
+        None => Vec::new(),
+    }
+}
+
+/// Inserts a brand, a branch, an active rule and a branch rule due a minute
+/// ago, all with plain SQL as an operator or another system would.
+async fn insert_due_rule(service: &Service) -> (Uuid, Uuid) {
+    let store = service.store();
+    let (brand, branch, rule, branch_rule) = (
+        Uuid::new_v4(),
+        Uuid::new_v4(),
+        Uuid::new_v4(),
+        Uuid::new_v4(),
+    );
+    let now = chrono::Utc::now().timestamp_millis();
+    let due = now - 60_000;
+    for sql in [
+        format!(
+            "INSERT INTO brands (id, name, settings, created_at, updated_at) \
+             VALUES ('{brand}', 'sql brand', '{{}}', {now}, {now})"
+        ),
+        format!(
+            "INSERT INTO branches (id, brand_id, name, timezone, is_active, created_at, updated_at) \
+             VALUES ('{branch}', '{brand}', 'sql branch', 'America/New_York', TRUE, {now}, {now})"
+        ),
+        format!(
+            "INSERT INTO rules (id, brand_id, name, status, cron_expression, settings, created_at, updated_at) \
+             VALUES ('{rule}', '{brand}', 'sql rule', 'active', '*/5 * * * *', '{{}}', {now}, {now})"
+        ),
+        format!(
+            "INSERT INTO branch_rules (id, branch_id, rule_id, is_active, is_archived, is_force_stopped, \
+             is_currently_running, next_run_time, lock_epoch, params, created_at, updated_at) \
+             VALUES ('{branch_rule}', '{branch}', '{rule}', TRUE, FALSE, FALSE, FALSE, {due}, 0, '{{}}', {now}, {now})"
+        ),
+    ] {
+        store.execute_sql(&sql).await.unwrap();
+    }
+    (branch, branch_rule)
+}
+
+async fn wait_until_ready(service: &Service, id: Uuid, expected: bool, what: &str) {
+    eventually(DEADLINE, what, || async {
+        ready_ids(service).await.contains(&id) == expected
+    })
+    .await;
+}
+
+both_backends!(
+    a_rule_inserted_with_sql_becomes_ready,
+    |db: TestDb| async move {
+        let running = start(&db).await;
+        let service = &running.service;
+        let (_, id) = insert_due_rule(service).await;
+        wait_until_ready(service, id, true, "the inserted branch rule is ready").await;
+        running.service.shutdown("test").await.unwrap();
+    }
+);
+
+both_backends!(
+    a_rule_deleted_in_sql_stops_being_ready,
+    |db: TestDb| async move {
+        let running = start(&db).await;
+        let service = &running.service;
+        let (_, id) = insert_due_rule(service).await;
+        wait_until_ready(service, id, true, "the branch rule is ready").await;
+        service
+            .store()
+            .execute_sql(&format!("DELETE FROM branch_rules WHERE id = '{id}'"))
+            .await
+            .unwrap();
+        wait_until_ready(
+            service,
+            id,
+            false,
+            "the deleted branch rule is no longer ready",
+        )
+        .await;
+        running.service.shutdown("test").await.unwrap();
+    }
+);
+
+both_backends!(
+    a_deactivated_branch_stops_its_rules,
+    |db: TestDb| async move {
+        let running = start(&db).await;
+        let service = &running.service;
+        let (branch, id) = insert_due_rule(service).await;
+        wait_until_ready(service, id, true, "the branch rule is ready").await;
+        service
+            .store()
+            .execute_sql(&format!(
+                "UPDATE branches SET is_active = FALSE WHERE id = '{branch}'"
+            ))
+            .await
+            .unwrap();
+        wait_until_ready(
+            service,
+            id,
+            false,
+            "rules of an inactive branch are not ready",
+        )
+        .await;
+        running.service.shutdown("test").await.unwrap();
+    }
+);
+
+both_backends!(
+    the_plan_file_is_written_and_reloaded,
+    |db: TestDb| async move {
+        let running = start(&db).await;
+        let (_, id) = insert_due_rule(&running.service).await;
+        wait_until_ready(&running.service, id, true, "the branch rule is ready").await;
+        let plan_file = running.service.config().plan_file.clone();
+        eventually(DEADLINE, "the plan file holds the branch rule", || async {
+            ruled::persist::read_plan_file(&plan_file)
+                .ok()
+                .flatten()
+                .is_some_and(|s| s.workflows.iter().any(|w| w.id() == id))
+        })
+        .await;
+        running.service.shutdown("test").await.unwrap();
+    }
+);

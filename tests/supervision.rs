@@ -1,0 +1,176 @@
+//! The root supervisor rebuilds failed actors and escalates when one keeps
+//! failing. Real actors, a real SQLite database, the real restart path.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{eventually, sqlite_db};
+use ruled::actors::ask;
+use ruled::clock::Clock;
+use ruled::config::Config;
+use ruled::messages::{PlanMsg, RefresherMsg, WriterMsg};
+use ruled::service::{Service, StopCause};
+use ruled::supervision::ActorKind;
+use uuid::Uuid;
+
+const DEADLINE: Duration = Duration::from_secs(10);
+
+fn config(db_url: &str, dir: &std::path::Path) -> Config {
+    Config {
+        database_url: db_url.to_string(),
+        plan_file: dir.join("plan.json"),
+        shutdown_marker_file: dir.join("marker.json"),
+        plan_refresh_interval: Duration::from_millis(100),
+        plan_min_write_interval: Duration::from_millis(50),
+        ..Config::default()
+    }
+}
+
+async fn insert_due_rule(service: &Service) -> Uuid {
+    let demo = ruled::commands::demo::load_demo(service.store(), 0)
+        .await
+        .unwrap();
+    assert!(demo.inserted > 0);
+    // Every demo rule was due at the epoch; the heartbeat rule has no window.
+    let row = service
+        .store()
+        .load_plan_data(1500)
+        .await
+        .unwrap()
+        .branch_rules
+        .into_iter()
+        .find(|r| r.operation_time_from.is_none())
+        .unwrap();
+    row.id
+}
+
+async fn ready_ids(service: &Service) -> Vec<Uuid> {
+    match service.directory().plan() {
+        Some(plan) => ask(&plan, PlanMsg::Ready).await.unwrap_or_default(),
+        None => Vec::new(),
+    }
+}
+
+async fn restarts(service: &Service, kind: ActorKind) -> u64 {
+    service
+        .supervisor_stats()
+        .await
+        .map(|s| s.restarts[kind.as_str()])
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_plan_actor_is_restarted_and_serves_again() {
+    let db = sqlite_db().await;
+    let dir = tempfile::tempdir().unwrap();
+    let service = Service::start(config(&db.url, dir.path()), Clock::system())
+        .await
+        .unwrap();
+    let id = insert_due_rule(&service).await;
+    eventually(DEADLINE, "the rule is ready", || async {
+        ready_ids(&service).await.contains(&id)
+    })
+    .await;
+    assert_eq!(restarts(&service, ActorKind::Plan).await, 0);
+
+    let plan = service.directory().plan().unwrap();
+    plan.cast(PlanMsg::InjectPanic("test: plan actor panics".into()))
+        .unwrap();
+
+    eventually(DEADLINE, "the plan actor was restarted once", || async {
+        restarts(&service, ActorKind::Plan).await == 1
+    })
+    .await;
+    eventually(
+        DEADLINE,
+        "the restarted plan serves the ready set",
+        || async { ready_ids(&service).await.contains(&id) },
+    )
+    .await;
+    let stats = service.supervisor_stats().await.unwrap();
+    assert!(stats.alive.values().all(|&alive| alive), "{stats:?}");
+    assert_eq!(restarts(&service, ActorKind::Plan).await, 1);
+    service.shutdown("test").await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_writer_and_refresher_are_restarted_too() {
+    let db = sqlite_db().await;
+    let dir = tempfile::tempdir().unwrap();
+    let service = Service::start(config(&db.url, dir.path()), Clock::system())
+        .await
+        .unwrap();
+    let directory = service.directory().clone();
+    directory
+        .writer()
+        .unwrap()
+        .cast(WriterMsg::InjectPanic("test: writer panics".into()))
+        .unwrap();
+    directory
+        .refresher()
+        .unwrap()
+        .cast(RefresherMsg::InjectPanic("test: refresher panics".into()))
+        .unwrap();
+    eventually(DEADLINE, "both were restarted", || async {
+        restarts(&service, ActorKind::Writer).await == 1
+            && restarts(&service, ActorKind::Refresher).await == 1
+    })
+    .await;
+    // The restarted refresher still feeds the plan, the writer still writes.
+    let id = insert_due_rule(&service).await;
+    eventually(DEADLINE, "a new rule reaches the plan", || async {
+        ready_ids(&service).await.contains(&id)
+    })
+    .await;
+    let writer = directory.writer().unwrap();
+    eventually(DEADLINE, "the restarted writer wrote the plan", || async {
+        ask(&writer, WriterMsg::Stats)
+            .await
+            .is_ok_and(|s| s.writes_ok > 0 && s.write_thread_alive)
+    })
+    .await;
+    service.shutdown("test").await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_actor_failing_past_the_limit_escalates() {
+    let db = sqlite_db().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config {
+        supervisor_max_restarts: 2,
+        ..config(&db.url, dir.path())
+    };
+    let mut service = Service::start(config, Clock::system()).await.unwrap();
+    let directory = service.directory().clone();
+    let panicker = tokio::spawn(async move {
+        // Panic every incarnation as soon as it is registered again.
+        for _ in 0..3 {
+            let plan = loop {
+                if let Some(plan) = directory.plan() {
+                    break plan;
+                }
+                tokio::task::yield_now().await;
+            };
+            let _ = plan.cast(PlanMsg::InjectPanic("test: keeps failing".into()));
+            let _ = plan.wait(None).await;
+        }
+    });
+    let cause = tokio::time::timeout(DEADLINE, service.wait())
+        .await
+        .expect("escalation within the deadline")
+        .unwrap();
+    match cause {
+        StopCause::Escalated(escalation) => {
+            assert_eq!(escalation.actor, ActorKind::Plan);
+            assert_eq!(escalation.failures_in_window, 3);
+            assert!(
+                escalation.last_failure.contains("keeps failing"),
+                "{escalation}"
+            );
+        }
+        other => panic!("expected an escalation, got {other:?}"),
+    }
+    panicker.await.unwrap();
+    service.abort().await;
+}
