@@ -1,1 +1,200 @@
-fn main() {}
+//! Execution-plan benchmarks (issue: ready query, refresh merge, memory).
+//!
+//! `cargo bench --bench plan` — prints one table row per plan size. Sizes
+//! can be narrowed with `RULED_BENCH_SIZES=10000,100000`.
+//!
+//! Not a timed test: nothing here asserts; the figures go to BENCHMARKS.md.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::hint::black_box;
+use std::sync::atomic::{AtomicIsize, Ordering};
+use std::time::{Duration, Instant};
+
+use ruled::model::*;
+use ruled::plan::{ExecutionPlan, MergeOptions, merge, ready};
+use ruled::schedule::TimeOfDay;
+use serde_json::json;
+use uuid::Uuid;
+
+/// Counts live heap bytes so memory per workflow is measured, not guessed.
+struct CountingAllocator;
+
+static LIVE_BYTES: AtomicIsize = AtomicIsize::new(0);
+
+unsafe impl GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE_BYTES.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE_BYTES.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        LIVE_BYTES.fetch_add(
+            new_size as isize - layout.size() as isize,
+            Ordering::Relaxed,
+        );
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator;
+
+const NOW: Millis = 1_800_000_000_000;
+const READY_COUNT: usize = 500;
+const ZONES: [&str; 3] = ["Asia/Riyadh", "America/New_York", "Australia/Lord_Howe"];
+
+/// `n` workflows over 300 branches in three zones and 20 rules; exactly
+/// READY_COUNT are due, the rest fall due over the next day. A third have
+/// an operation window that is open at NOW in every zone (00:00–23:59).
+fn plan_data(n: usize) -> PlanData {
+    let brand = Brand {
+        id: Uuid::from_u128(1),
+        name: "bench".into(),
+        settings: json!({}),
+        created_at: 0,
+        updated_at: 0,
+    };
+    let branches: Vec<Branch> = (0..300u128)
+        .map(|i| Branch {
+            id: Uuid::from_u128(1_000 + i),
+            brand_id: brand.id,
+            name: format!("branch {i}"),
+            timezone: Some(ZONES[i as usize % 3].to_string()),
+            is_active: true,
+            created_at: 0,
+            updated_at: 0,
+        })
+        .collect();
+    let rules: Vec<Rule> = (0..20u128)
+        .map(|i| Rule {
+            id: Uuid::from_u128(2_000 + i),
+            brand_id: Some(brand.id),
+            name: format!("rule {i}"),
+            status: RuleStatus::Active,
+            cron_expression: "*/5 * * * *".into(),
+            settings: json!({}),
+            created_at: 0,
+            updated_at: 0,
+        })
+        .collect();
+    let open_from: TimeOfDay = "00:00".parse().unwrap();
+    let open_to: TimeOfDay = "23:59".parse().unwrap();
+    let branch_rules = (0..n)
+        .map(|i| {
+            let due = if i % (n / READY_COUNT) == 0 {
+                NOW - 1 - (i as Millis % 60_000)
+            } else {
+                NOW + 1 + (i as Millis * 7919) % 86_400_000
+            };
+            let windowed = i % 3 == 0;
+            BranchRule {
+                id: Uuid::from_u128(
+                    0x1_0000_0000 + (i as u128).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+                ),
+                branch_id: branches[i % branches.len()].id,
+                rule_id: rules[i % rules.len()].id,
+                brand_rule_id: None,
+                is_active: true,
+                is_archived: false,
+                is_force_stopped: false,
+                is_currently_running: false,
+                operation_time_from: windowed.then_some(open_from),
+                operation_time_to: windowed.then_some(open_to),
+                next_run_time: Some(due),
+                last_run_time: Some(due - 300_000),
+                lock_holder: None,
+                lock_time: None,
+                lock_epoch: 0,
+                params: json!({}),
+                created_at: 0,
+                updated_at: 0,
+            }
+        })
+        .collect();
+    PlanData {
+        brands: vec![brand],
+        branches,
+        rules,
+        branch_rules,
+        ..PlanData::default()
+    }
+}
+
+/// Changes 1% of the branch rules in place, as a refresh after that many
+/// jobs finished would see it; each round changes a different 1%.
+fn change_one_percent(data: &mut PlanData, round: i64) -> usize {
+    let step = 100;
+    let mut count = 0;
+    for (i, row) in data.branch_rules.iter_mut().enumerate() {
+        if i % step == round as usize % step {
+            row.next_run_time = row.next_run_time.map(|t| t + 300_000 * (round + 1));
+            row.last_run_time = Some(NOW);
+            row.updated_at = NOW + round;
+            count += 1;
+        }
+    }
+    count
+}
+
+fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+fn main() {
+    let sizes: Vec<usize> = std::env::var("RULED_BENCH_SIZES")
+        .ok()
+        .map(|s| {
+            s.split(',')
+                .map(|n| n.trim().parse().expect("a size"))
+                .collect()
+        })
+        .unwrap_or_else(|| vec![10_000, 100_000, 1_000_000]);
+    let zone = chrono_tz::Asia::Riyadh;
+    println!(
+        "| workflows | ready set | ready query (median) | merge, 1% changed (median) | per changed workflow | memory per workflow |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|");
+    for n in sizes {
+        let mut data = plan_data(n);
+
+        let before = LIVE_BYTES.load(Ordering::Relaxed);
+        let mut plan = ExecutionPlan::from_data(data.clone());
+        let plan_bytes = LIVE_BYTES.load(Ordering::Relaxed) - before;
+
+        let ready_set = ready(&plan, NOW, 500, zone);
+        let ready_samples: Vec<Duration> = (0..200)
+            .map(|_| {
+                let started = Instant::now();
+                black_box(ready(black_box(&plan), NOW, 500, zone));
+                started.elapsed()
+            })
+            .collect();
+
+        let options = MergeOptions::default();
+        let mut merge_samples = Vec::new();
+        let mut changed_count = 0;
+        for round in 0..5 {
+            changed_count = change_one_percent(&mut data, round);
+            let server = data.clone();
+            let started = Instant::now();
+            let report = merge(&mut plan, server, NOW + round, options);
+            merge_samples.push(started.elapsed());
+            assert_eq!(report.updated, changed_count, "the merge saw every change");
+        }
+        let merge_time = median(merge_samples);
+        println!(
+            "| {n} | {} | {:.3} ms | {:.1} ms | {:.2} µs | {} B |",
+            ready_set.len(),
+            median(ready_samples).as_secs_f64() * 1e3,
+            merge_time.as_secs_f64() * 1e3,
+            merge_time.as_secs_f64() * 1e6 / changed_count as f64,
+            plan_bytes / n as isize,
+        );
+    }
+}

@@ -131,3 +131,57 @@ fn zero_count_is_empty() {
             .is_empty()
     );
 }
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+    use proptest::test_runner::Config;
+    use ruled::schedule::{TimeOfDay, local_time_of_day, window_contains};
+
+    const EXPRESSIONS: [&str; 6] = [
+        "*/15 * * * *",
+        "0 * * * *",
+        "30 2 * * *",
+        "0 1,13 * * MON-FRI",
+        "5 */3 1-10 * *",
+        "0 0 29 2 *",
+    ];
+    const ZONES: [Tz; 4] = [
+        America::New_York,
+        Asia::Riyadh,
+        chrono_tz::Australia::Lord_Howe,
+        chrono_tz::Europe::Berlin,
+    ];
+
+    proptest! {
+        #![proptest_config(Config { cases: 128, failure_persistence: None, ..Config::default() })]
+
+        /// Runs increase, sit inside the window, and each is the window's
+        /// opening at or after the occurrence that follows the previous run.
+        #[test]
+        fn runs_increase_and_respect_the_window(
+            expression in 0..EXPRESSIONS.len(),
+            zone in 0..ZONES.len(),
+            bounds in proptest::option::of((0u32..1440, 0u32..1440)),
+            start_secs in 946_684_800i64..2_240_524_800,
+        ) {
+            let schedule = CronSchedule::parse(EXPRESSIONS[expression]).unwrap();
+            let tz = ZONES[zone];
+            let w = bounds.map(|(from, to)| Window {
+                from: TimeOfDay::new(from / 60, from % 60).unwrap(),
+                to: TimeOfDay::new(to / 60, to % 60).unwrap(),
+            });
+            let from = DateTime::from_timestamp(start_secs, 0).unwrap();
+            let runs = preview(&schedule, tz, w, from, 6).unwrap();
+            prop_assert_eq!(runs.len(), 6);
+            let mut after = from;
+            for run in runs {
+                prop_assert!(run > after);
+                prop_assert!(window_contains(w, local_time_of_day(tz, run)));
+                let occurrence = schedule.next_after(tz, after).unwrap();
+                prop_assert!(run >= occurrence);
+                after = run;
+            }
+        }
+    }
+}

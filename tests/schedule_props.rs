@@ -123,8 +123,13 @@ fn plain_item(kind: Kind, low: u32, high: u32) -> BoxedStrategy<(String, Vec<u32
         )),
         (low..=high, low..=high, any::<bool>()).prop_map(move |(a, b, name)| {
             let (a, b) = (a.min(b), a.max(b));
+            // SAT-SUN style: a range may end on SUN, meaning 7.
+            let end = match kind {
+                Kind::Weekday if name && b == 7 && a > 0 => "sun".to_string(),
+                _ => kind.render(b, name),
+            };
             (
-                format!("{}-{}", kind.render(a, name), kind.render(b, name)),
+                format!("{}-{end}", kind.render(a, name)),
                 (a..=b).collect(),
                 false,
             )

@@ -196,3 +196,95 @@ fn opening_is_computed_from_the_zone_not_by_adding_a_day() {
         utc(2026, 3, 8, 13, 0)
     );
 }
+
+mod properties {
+    use super::*;
+    use chrono_tz::Tz;
+    use proptest::prelude::*;
+    use proptest::test_runner::Config;
+
+    const ZONES: [Tz; 6] = [
+        America::New_York,
+        Australia::Lord_Howe,
+        Asia::Riyadh,
+        chrono_tz::Europe::Berlin,
+        chrono_tz::Pacific::Chatham,
+        chrono_tz::America::Santiago,
+    ];
+
+    fn offset(tz: Tz, secs: i64) -> i32 {
+        use chrono::Offset;
+        let t = DateTime::from_timestamp(secs, 0).unwrap();
+        tz.offset_from_utc_datetime(&t.naive_utc())
+            .fix()
+            .local_minus_utc()
+    }
+
+    /// The next second (within ~400 days) at which `tz` changes offset.
+    fn next_offset_change(tz: Tz, from: i64) -> Option<i64> {
+        let base = offset(tz, from);
+        let day = 86_400;
+        let mut low = (0..400)
+            .map(|n| from + n * day)
+            .find(|&s| offset(tz, s + day) != base)?;
+        let mut high = low + day;
+        while high - low > 1 {
+            let middle = (low + high) / 2;
+            if offset(tz, middle) == base {
+                low = middle;
+            } else {
+                high = middle;
+            }
+        }
+        Some(high)
+    }
+
+    fn cases() -> u32 {
+        std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|cases| cases.parse().ok())
+            .unwrap_or(256)
+    }
+
+    proptest! {
+        #![proptest_config(Config { cases: cases(), failure_persistence: None, ..Config::default() })]
+
+        /// The opening is inside the window, and no minute before it (from
+        /// `t`) is.
+        #[test]
+        fn opening_is_the_first_instant_inside(
+            from in 0u32..1440,
+            to in 0u32..1440,
+            zone in 0..ZONES.len(),
+            start_secs in 946_684_800i64..2_240_524_800,
+            millis in 0i64..60_000,
+            near_transition in prop::bool::weighted(0.75),
+            lead_minutes in 0i64..1500,
+        ) {
+            let tz = ZONES[zone];
+            let mut start_secs = start_secs;
+            if near_transition && let Some(change) = next_offset_change(tz, start_secs) {
+                start_secs = change - lead_minutes * 60;
+            }
+            let w = Window {
+                from: TimeOfDay::new(from / 60, from % 60).unwrap(),
+                to: TimeOfDay::new(to / 60, to % 60).unwrap(),
+            };
+            let t = DateTime::from_timestamp(start_secs, 0).unwrap() + TimeDelta::milliseconds(millis);
+            let open = next_window_open(Some(w), tz, t);
+            prop_assert!(open >= t);
+            prop_assert!(open - t <= TimeDelta::hours(48), "{} {} {}", w, tz, t);
+            prop_assert!(w.contains(local_time_of_day(tz, open)), "{} {} {} -> {}", w, tz, t, open);
+            if open > t {
+                // Openings fall on whole seconds; just before one, outside.
+                prop_assert_eq!(open.timestamp_subsec_nanos(), 0);
+                prop_assert!(!w.contains(local_time_of_day(tz, open - TimeDelta::seconds(1))));
+                let mut m = DateTime::from_timestamp(t.timestamp() - t.timestamp().rem_euclid(60) + 60, 0).unwrap();
+                while m < open {
+                    prop_assert!(!w.contains(local_time_of_day(tz, m)), "{} {} {}: {} inside before {}", w, tz, t, m, open);
+                    m += TimeDelta::minutes(1);
+                }
+            }
+        }
+    }
+}

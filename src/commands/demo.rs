@@ -33,8 +33,11 @@ const BRANCHES: [(&str, &str); 3] = [
     ("Sydney CBD", "Australia/Sydney"),
 ];
 
+/// A daily operation window, `HH:MM` to `HH:MM`.
+type DemoWindow = Option<(&'static str, &'static str)>;
+
 /// (name, cron, window)
-const RULES: [(&str, &str, Option<(&str, &str)>); 3] = [
+const RULES: [(&str, &str, DemoWindow); 3] = [
     ("Heartbeat every minute", "* * * * *", None),
     (
         "Restock check, business hours",

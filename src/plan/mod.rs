@@ -255,10 +255,8 @@ impl ExecutionPlan {
     /// Inserts or replaces a workflow, keeping the due index in step.
     pub(crate) fn insert(&mut self, workflow: Workflow) {
         let id = workflow.id();
-        if let Some(old) = self.workflows.get(&id) {
-            if let Some(at) = indexed_time(old) {
-                self.due_index.remove(&(at, id));
-            }
+        if let Some(at) = self.workflows.get(&id).and_then(indexed_time) {
+            self.due_index.remove(&(at, id));
         }
         if let Some(at) = indexed_time(&workflow) {
             self.due_index.insert((at, id));
@@ -284,14 +282,19 @@ impl ExecutionPlan {
         change(workflow);
         let after = indexed_time(workflow);
         if before != after {
-            if let Some(at) = before {
-                self.due_index.remove(&(at, *id));
-            }
-            if let Some(at) = after {
-                self.due_index.insert((at, *id));
-            }
+            self.reindex(*id, before, after);
         }
         true
+    }
+
+    /// Moves a workflow's due-index entry after its indexed time changed.
+    pub(crate) fn reindex(&mut self, id: Uuid, before: Option<Millis>, after: Option<Millis>) {
+        if let Some(at) = before {
+            self.due_index.remove(&(at, id));
+        }
+        if let Some(at) = after {
+            self.due_index.insert((at, id));
+        }
     }
 
     /// Marks a workflow as running the moment a job is claimed, so no other
@@ -385,7 +388,7 @@ impl ExecutionPlan {
 
 /// Only workflows that could ever become ready are indexed; archived,
 /// inactive, force-stopped and removed ones would only lengthen the walk.
-fn indexed_time(workflow: &Workflow) -> Option<Millis> {
+pub(crate) fn indexed_time(workflow: &Workflow) -> Option<Millis> {
     let row = &workflow.branch_rule;
     let could_run = row.is_active
         && !row.is_archived

@@ -176,7 +176,8 @@ mod tests {
 
     #[test]
     fn each_criterion_holds_a_rule_back_on_its_own() {
-        let cases: Vec<(&str, Box<dyn Fn(&mut Fixture)>, NotReady)> = vec![
+        type Change = Box<dyn Fn(&mut Fixture)>;
+        let cases: Vec<(&str, Change, NotReady)> = vec![
             (
                 "is_active",
                 Box::new(|f| f.branch_rule.is_active = false),

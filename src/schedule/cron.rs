@@ -273,6 +273,13 @@ mod tests {
     }
 
     #[test]
+    fn schedules_can_be_shared_between_actors() {
+        fn assert_send_sync<T: Send + Sync + 'static>() {}
+        assert_send_sync::<CronSchedule>();
+        assert_send_sync::<ScheduleError>();
+    }
+
+    #[test]
     fn debug_and_display_show_the_expression_only() {
         let schedule = CronSchedule::parse("  */5 * * * *  ").unwrap();
         assert_eq!(format!("{schedule:?}"), "CronSchedule(\"*/5 * * * *\")");

@@ -171,7 +171,16 @@ fn parse_field(field: Field, text: &str) -> Result<(u64, bool), String> {
             interval = true;
             field.star_range()
         } else if let Some((low, high)) = range.split_once('-') {
-            let (low_value, high_value) = (field.value(low)?, field.value(high)?);
+            let (low_value, mut high_value) = (field.value(low)?, field.value(high)?);
+            // SUN is 0, but as the end of a range it means the week's end
+            // (SAT-SUN is the weekend), except in SUN-SUN.
+            if field == Field::DayOfWeek
+                && high_value == 0
+                && low_value > 0
+                && high.eq_ignore_ascii_case("SUN")
+            {
+                high_value = 7;
+            }
             if low_value > high_value {
                 return Err(format!(
                     "{} field: range {range} runs backwards",
@@ -198,7 +207,8 @@ fn parse_field(field: Field, text: &str) -> Result<(u64, bool), String> {
                 interval = true;
                 let (star_low, star_high) = field.star_range();
                 let widest = star_high - star_low + 1;
-                let value = if !step.is_empty() && step.len() <= 4 {
+                let digits = step.bytes().all(|b| b.is_ascii_digit());
+                let value = if digits && !step.is_empty() && step.len() <= 4 {
                     step.parse::<u32>().ok()
                 } else {
                     None
@@ -369,6 +379,9 @@ mod tests {
         assert_eq!(normalized, "*/5 1-3 */10 1,2,3,12 0");
         let (_, normalized) = Fields::parse("0 0 1 * SAT-7").unwrap();
         assert_eq!(normalized, "0 0 1 * 0,6");
+        let (_, normalized) = Fields::parse("0 0 1 * fri-sun").unwrap();
+        assert_eq!(normalized, "0 0 1 * 0,5,6");
+        assert!(Fields::parse("0 0 1 * 6-0").is_err());
     }
 
     #[test]
@@ -426,6 +439,8 @@ mod tests {
         assert!(error("JAN 0 * * *").contains("minute field"));
         assert!(error("99999999999 * * * *").contains("out of range"));
         assert!(error("*/61 * * * *").contains("from 1 to 60"));
+        assert!(error("*/+5 * * * *").contains("from 1 to 60"));
+        assert!(error("0 0 * * */8").contains("from 1 to 7"));
         assert!(error("- * * * *").contains("missing"));
     }
 
