@@ -126,19 +126,31 @@ fn plan_data(n: usize) -> PlanData {
 }
 
 /// Changes 1% of the branch rules in place, as a refresh after that many
-/// jobs finished would see it; each round changes a different 1%.
-fn change_one_percent(data: &mut PlanData, round: i64) -> usize {
+/// jobs finished would see it; each round changes a different 1%. Returns
+/// what an incremental read would return: the small tables and the changed
+/// rows.
+fn change_one_percent(data: &mut PlanData, round: i64) -> PlanData {
     let step = 100;
-    let mut count = 0;
+    let mut changed = Vec::new();
     for (i, row) in data.branch_rules.iter_mut().enumerate() {
         if i % step == round as usize % step {
             row.next_run_time = row.next_run_time.map(|t| t + 300_000 * (round + 1));
             row.last_run_time = Some(NOW);
             row.updated_at = NOW + round;
-            count += 1;
+            changed.push(row.clone());
         }
     }
-    count
+    PlanData {
+        scope: PlanScope::Changes {
+            since: NOW + round,
+            total_branch_rules: data.branch_rules.len() as u64,
+        },
+        brands: data.brands.clone(),
+        branches: data.branches.clone(),
+        rules: data.rules.clone(),
+        branch_rules: changed,
+        ..PlanData::default()
+    }
 }
 
 fn median(mut samples: Vec<Duration>) -> Duration {
@@ -157,9 +169,9 @@ fn main() {
         .unwrap_or_else(|| vec![10_000, 100_000, 1_000_000]);
     let zone = chrono_tz::Asia::Riyadh;
     println!(
-        "| workflows | ready set | ready query (median) | merge, 1% changed (median) | per changed workflow | memory per workflow |"
+        "| workflows | ready set | ready query (median) | incremental merge, 1% changed (median) | per changed workflow | full-refresh merge, 1% changed | memory per workflow |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
     for n in sizes {
         let mut data = plan_data(n);
 
@@ -179,21 +191,32 @@ fn main() {
         let options = MergeOptions::default();
         let mut merge_samples = Vec::new();
         let mut changed_count = 0;
-        for round in 0..5 {
-            changed_count = change_one_percent(&mut data, round);
-            let server = data.clone();
+        for round in 0..7 {
+            let delta = change_one_percent(&mut data, round);
+            changed_count = delta.branch_rules.len();
             let started = Instant::now();
-            let report = merge(&mut plan, server, NOW + round, options);
+            let report = merge(&mut plan, delta, NOW + round, options);
             merge_samples.push(started.elapsed());
             assert_eq!(report.updated, changed_count, "the merge saw every change");
+            assert!(!report.full_refresh_needed);
         }
         let merge_time = median(merge_samples);
+
+        // The periodic full refresh: every row compared, 1% changed.
+        change_one_percent(&mut data, 7);
+        let full = data.clone();
+        let started = Instant::now();
+        let report = merge(&mut plan, full, NOW + 7, options);
+        let full_time = started.elapsed();
+        assert_eq!(report.updated, changed_count);
+
         println!(
-            "| {n} | {} | {:.3} ms | {:.1} ms | {:.2} µs | {} B |",
+            "| {n} | {} | {:.3} ms | {:.2} ms | {:.2} µs | {:.0} ms | {} B |",
             ready_set.len(),
             median(ready_samples).as_secs_f64() * 1e3,
             merge_time.as_secs_f64() * 1e3,
             merge_time.as_secs_f64() * 1e6 / changed_count as f64,
+            full_time.as_secs_f64() * 1e3,
             plan_bytes / n as isize,
         );
     }

@@ -59,6 +59,9 @@ impl FromStr for Partition {
 pub struct Config {
     /// EXECUTION_PLAN_REFRESH_SECONDS, default 20.
     pub plan_refresh_interval: Duration,
+    /// PLAN_FULL_REFRESH_SECONDS, default 300: between these, refreshes read
+    /// only the branch rules changed since the last read.
+    pub plan_full_refresh_interval: Duration,
     /// PLAN_MIN_WRITE_INTERVAL_SECONDS, default 1.
     pub plan_min_write_interval: Duration,
     /// PLAN_ACTION_DETAILS_CAP, default 1500.
@@ -129,6 +132,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             plan_refresh_interval: Duration::from_secs(20),
+            plan_full_refresh_interval: Duration::from_secs(300),
             plan_min_write_interval: Duration::from_secs(1),
             plan_action_details_cap: 1500,
             plan_workflow_max_age: Duration::from_secs(24 * 3600),

@@ -124,10 +124,28 @@ pub struct ActionDetail {
     pub updated_at: Millis,
 }
 
+/// Which branch rules a read of the plan holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PlanScope {
+    /// Every branch rule: anything the plan holds that is not here is gone.
+    #[default]
+    Full,
+    /// Only branch rules whose `updated_at` is at or after `since`; the
+    /// others are unchanged. `total_branch_rules` is the table's row count,
+    /// so a delete (which leaves no row to read) is still noticed.
+    Changes {
+        since: Millis,
+        total_branch_rules: u64,
+    },
+}
+
 /// Everything the refresher reads from SQL in one pass: the server side of a
-/// merge (seed 000's `get-execution-plan-v2`).
+/// merge (seed 000's `get-execution-plan-v2`). The small tables are always
+/// complete; `branch_rules` is complete or a delta, as `scope` says.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct PlanData {
+    #[serde(default)]
+    pub scope: PlanScope,
     pub brands: Vec<Brand>,
     pub branches: Vec<Branch>,
     pub rules: Vec<Rule>,

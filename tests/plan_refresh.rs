@@ -160,3 +160,36 @@ both_backends!(
         running.service.shutdown("test").await.unwrap();
     }
 );
+
+both_backends!(
+    a_rule_updated_in_sql_without_touching_updated_at_is_seen,
+    |db: TestDb| async move {
+        let running = start(&db).await;
+        let service = &running.service;
+        let (_, id) = insert_due_rule(service).await;
+        wait_until_ready(service, id, true, "the branch rule is ready").await;
+        // Incremental refreshes read rows by updated_at; the database's trigger
+        // bumps it even when the statement does not.
+        service
+            .store()
+            .execute_sql(&format!(
+                "UPDATE branch_rules SET is_active = FALSE WHERE id = '{id}'"
+            ))
+            .await
+            .unwrap();
+        wait_until_ready(
+            service,
+            id,
+            false,
+            "the deactivated branch rule is no longer ready",
+        )
+        .await;
+        let refresher = service.directory().refresher().unwrap();
+        let stats = ask(&refresher, ruled::messages::RefresherMsg::Stats)
+            .await
+            .unwrap();
+        assert!(stats.refreshes_ok >= 2, "{stats:?}");
+        assert_eq!(stats.refreshes_failed, 0, "{stats:?}");
+        running.service.shutdown("test").await.unwrap();
+    }
+);

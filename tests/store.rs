@@ -4,7 +4,8 @@ mod common;
 
 use common::TestDb;
 use ruled::model::{
-    ActionDetail, ActionTemplate, Branch, BranchRule, Brand, BrandRule, PlanData, Rule, RuleStatus,
+    ActionDetail, ActionTemplate, Branch, BranchRule, Brand, BrandRule, PlanData, PlanScope, Rule,
+    RuleStatus,
 };
 use ruled::store::{Backend, Store, StoreError};
 use serde_json::json;
@@ -255,6 +256,7 @@ fn fixture() -> PlanData {
         detail(63, 52, 41, -7),
     ];
     PlanData {
+        scope: PlanScope::Full,
         brands,
         branches,
         rules,
@@ -356,9 +358,13 @@ both_backends!(migrations_are_idempotent, |db: TestDb| async move {
     // A second instance starting against the same database.
     let other = db.store().await;
     other.migrate().await.unwrap();
+    let migrations = std::fs::read_dir(format!("migrations/{}", db.backend))
+        .unwrap()
+        .count() as i64;
     assert_eq!(
         count(&store, "SELECT COUNT(*) FROM _sqlx_migrations").await,
-        1
+        migrations,
+        "each migration recorded once"
     );
     assert_eq!(store.backend(), db.backend);
     other.close().await;
@@ -821,3 +827,75 @@ fn test_database_urls_replace_only_the_database() {
     );
     assert_eq!(with_database("postgres://h:1", "x"), "postgres://h:1/x");
 }
+
+both_backends!(
+    incremental_reads_return_changed_branch_rules_and_the_count,
+    |db: TestDb| async move {
+        let store = db.store().await;
+        let data = fixture();
+        insert_all(&store, &data).await;
+        let total = data.branch_rules.len() as u64;
+        let newest = data
+            .branch_rules
+            .iter()
+            .map(|r| r.updated_at)
+            .max()
+            .unwrap();
+
+        let delta = store.load_plan_changes(newest + 1, 1500).await.unwrap();
+        assert!(
+            delta.branch_rules.is_empty(),
+            "nothing changed after the newest row"
+        );
+        assert_eq!(
+            delta.scope,
+            PlanScope::Changes {
+                since: newest + 1,
+                total_branch_rules: total
+            }
+        );
+        assert_eq!(
+            delta.branches.len(),
+            data.branches.len(),
+            "small tables are read whole"
+        );
+
+        // An UPDATE that does not mention updated_at still moves it forward.
+        let target = data.branch_rules[0].id;
+        store
+            .execute_sql(&format!(
+                "UPDATE branch_rules SET is_active = FALSE WHERE id = '{target}'"
+            ))
+            .await
+            .unwrap();
+        let delta = store.load_plan_changes(newest + 1, 1500).await.unwrap();
+        assert_eq!(delta.branch_rules.len(), 1);
+        assert_eq!(delta.branch_rules[0].id, target);
+        assert!(!delta.branch_rules[0].is_active);
+
+        // An update that sets updated_at itself keeps its value.
+        store
+            .execute_sql(&format!(
+                "UPDATE branch_rules SET updated_at = 5 WHERE id = '{target}'"
+            ))
+            .await
+            .unwrap();
+        let full = store.load_plan_data(1500).await.unwrap();
+        assert_eq!(full.scope, PlanScope::Full);
+        let row = full.branch_rules.iter().find(|r| r.id == target).unwrap();
+        assert_eq!(row.updated_at, 5);
+
+        store
+            .execute_sql(&format!("DELETE FROM branch_rules WHERE id = '{target}'"))
+            .await
+            .unwrap();
+        let delta = store.load_plan_changes(0, 1500).await.unwrap();
+        assert_eq!(
+            delta.scope,
+            PlanScope::Changes {
+                since: 0,
+                total_branch_rules: total - 1
+            }
+        );
+    }
+);

@@ -10,7 +10,7 @@ use crate::clock::{Clock, millis_to_utc};
 use crate::config::Config;
 use crate::messages::{PlanMsg, RefresherMsg, WriterMsg};
 use crate::metrics as m;
-use crate::model::Millis;
+use crate::model::{Millis, PlanScope};
 use crate::persist::read_plan_file;
 use crate::plan::{
     ExecutionPlan, MergeOptions, MergeReport, PlanStats, local_next_run_time, merge, ready,
@@ -146,6 +146,15 @@ impl Actor for PlanActor {
                     state.mark_dirty(&myself);
                 }
                 let _ = reply.send(result);
+            }
+            PlanMsg::Merge(data, reply) if !state.merged_once && data.scope != PlanScope::Full => {
+                // Rule 5 needs the whole database: a delta cannot be the
+                // first refresh of a (re)started plan.
+                let report = MergeReport {
+                    full_refresh_needed: true,
+                    ..MergeReport::default()
+                };
+                let _ = reply.send(report);
             }
             PlanMsg::Merge(data, reply) => {
                 let report = state.merge(*data, now);

@@ -13,6 +13,7 @@ use crate::config::Config;
 use crate::messages::refresher::RefresherStats;
 use crate::messages::{PlanMsg, RefresherMsg};
 use crate::metrics as m;
+use crate::model::Millis;
 use crate::plan::MergeReport;
 use crate::store::Store;
 use crate::supervision::Directory;
@@ -26,12 +27,21 @@ pub struct RefresherArgs {
     pub directory: Directory,
 }
 
+/// How far before the newest `updated_at` already seen an incremental read
+/// starts. Covers transactions that commit after a later one and writers
+/// whose clocks lag; anything slower is caught by the next full refresh.
+pub const CHANGE_WINDOW_SLACK_MS: Millis = 30_000;
+
 pub struct RefresherState {
     store: Store,
     config: Arc<Config>,
     clock: Clock,
     directory: Directory,
     stats: RefresherStats,
+    /// The newest branch-rule `updated_at` merged so far; `None` until the
+    /// first full read, which every (re)start begins with.
+    watermark: Option<Millis>,
+    last_full_at: Option<Millis>,
 }
 
 impl Actor for RefresherActor {
@@ -53,6 +63,8 @@ impl Actor for RefresherActor {
             clock: args.clock,
             directory: args.directory,
             stats: RefresherStats::default(),
+            watermark: None,
+            last_full_at: None,
         })
     }
 
@@ -127,21 +139,55 @@ impl RefresherState {
         }
     }
 
-    async fn try_refresh(&self) -> Result<MergeReport, String> {
-        let data = self
-            .store
-            .load_plan_data(self.config.plan_action_details_cap)
-            .await
-            .map_err(|e| {
-                metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "refresh").increment(1);
-                e.to_string()
-            })?;
+    /// Reads only what changed since the last read, unless a full read is
+    /// due (first refresh, PLAN_FULL_REFRESH_SECONDS elapsed) or the delta
+    /// shows the plan and the table disagree.
+    async fn try_refresh(&mut self) -> Result<MergeReport, String> {
+        let now = self.clock.now_ms();
+        let full_interval = self.config.plan_full_refresh_interval.as_millis() as Millis;
+        let since = match (self.watermark, self.last_full_at) {
+            (Some(watermark), Some(last_full)) if now - last_full < full_interval => {
+                Some(watermark - CHANGE_WINDOW_SLACK_MS)
+            }
+            _ => None,
+        };
+        let mut report = self.read_and_merge(since).await?;
+        if since.is_some() && report.full_refresh_needed {
+            debug!("the incremental read disagrees with the plan; reading everything");
+            let full = self.read_and_merge(None).await?;
+            report.absorb(full);
+        }
+        Ok(report)
+    }
+
+    async fn read_and_merge(&mut self, since: Option<Millis>) -> Result<MergeReport, String> {
+        let cap = self.config.plan_action_details_cap;
+        let started_at = self.clock.now_ms();
+        let read = match since {
+            None => self.store.load_plan_data(cap).await,
+            Some(since) => self.store.load_plan_changes(since, cap).await,
+        };
+        let data = read.map_err(|e| {
+            metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "refresh").increment(1);
+            e.to_string()
+        })?;
+        let newest = data.branch_rules.iter().map(|r| r.updated_at).max();
         let plan = self
             .directory
             .plan()
             .ok_or("the plan actor is restarting")?;
-        ask(&plan, |reply| PlanMsg::Merge(Box::new(data), reply))
+        let report = ask(&plan, |reply| PlanMsg::Merge(Box::new(data), reply))
             .await
-            .map_err(|e| format!("the plan actor did not merge: {e}"))
+            .map_err(|e| format!("the plan actor did not merge: {e}"))?;
+        if since.is_none() && !report.full_refresh_needed {
+            self.last_full_at = Some(started_at);
+        }
+        if report.full_refresh_needed && since.is_none() {
+            return Err("the plan refused a full read".to_string());
+        }
+        if !report.full_refresh_needed {
+            self.watermark = self.watermark.max(newest).or(Some(started_at));
+        }
+        Ok(report)
     }
 }

@@ -7,7 +7,7 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use super::{ExecutionPlan, Workflow, indexed_time};
-use crate::model::{Millis, PlanData};
+use crate::model::{Millis, PlanData, PlanScope};
 
 #[derive(Debug, Clone, Copy)]
 pub struct MergeOptions {
@@ -53,14 +53,32 @@ pub struct MergeReport {
     pub pruned: usize,
     /// At most [`MergeReport::NEXT_RUN_CHANGES_LOGGED`] of the next-run changes.
     pub next_run_changes: Vec<NextRunChange>,
+    /// An incremental merge found the plan and the table disagree on how
+    /// many branch rules exist (a delete, or an insert the delta missed):
+    /// the caller should follow up with a full read.
+    pub full_refresh_needed: bool,
 }
 
 impl MergeReport {
     /// Enough to debug with, bounded so a mass change cannot flood the log.
     pub const NEXT_RUN_CHANGES_LOGGED: usize = 20;
 
+    /// Nothing changed in the plan (preserved local values change nothing).
     pub fn is_empty(&self) -> bool {
         self.added + self.updated + self.removed + self.pruned == 0
+    }
+
+    /// Adds a follow-up merge (the full read after a delta) to this report.
+    pub fn absorb(&mut self, later: MergeReport) {
+        self.added += later.added;
+        self.updated += later.updated;
+        self.removed += later.removed;
+        self.preserved += later.preserved;
+        self.pruned += later.pruned;
+        for change in later.next_run_changes {
+            self.note_next_run_change(change.id, change.from, change.to);
+        }
+        self.full_refresh_needed = later.full_refresh_needed;
     }
 
     fn note_next_run_change(&mut self, id: Uuid, from: Option<Millis>, to: Option<Millis>) {
@@ -79,6 +97,7 @@ pub fn merge(
     options: MergeOptions,
 ) -> MergeReport {
     let mut report = MergeReport::default();
+    let scope = server.scope;
     let generation = plan.next_generation();
     let recent_ms = options.recent_window.as_millis() as Millis;
     let max_age_ms = options.max_age.as_millis() as Millis;
@@ -107,6 +126,7 @@ pub fn merge(
         let indexed_before = indexed_time(local);
         local.seen_generation = generation;
         let reappeared = local.missing_since.take().is_some();
+        plan.missing -= reappeared as usize;
 
         let recently_changed_here = local
             .locally_updated_at
@@ -139,6 +159,15 @@ pub fn merge(
         if indexed_before != indexed_after {
             plan.reindex(id, indexed_before, indexed_after);
         }
+    }
+
+    if let PlanScope::Changes {
+        total_branch_rules, ..
+    } = scope
+    {
+        // Rows outside the delta are unchanged by definition: no sweep.
+        report.full_refresh_needed = plan.present_len() as u64 != total_branch_rules;
+        return report;
     }
 
     // Sweep for workflows the database no longer returned (rule 4).
@@ -345,6 +374,61 @@ mod tests {
         );
         assert_eq!((report.updated, report.removed, report.pruned), (1, 1, 1));
         assert_eq!(ready(&plan, NOW, 500, Riyadh), vec![id]);
+    }
+
+    fn changes_only(mut data: PlanData, since: Millis, total: u64) -> PlanData {
+        data.scope = PlanScope::Changes {
+            since,
+            total_branch_rules: total,
+        };
+        data
+    }
+
+    #[test]
+    fn an_incremental_merge_touches_only_the_rows_it_carries() {
+        let fixture = Fixture::due(NOW - 1);
+        let mut plan = fixture.plan();
+        let other = Uuid::from_u128(0x0E);
+        let mut full = fixture.data();
+        full.branch_rules.push(branch_rule(
+            other,
+            fixture.branch.id,
+            fixture.rule.id,
+            NOW + HOUR,
+        ));
+        merge(&mut plan, full.clone(), NOW, options());
+
+        // Only `other` changed; the fixture's row is absent from the delta
+        // and must not be taken for deleted.
+        let mut delta = changes_only(full, NOW, 2);
+        delta.branch_rules.retain(|r| r.id == other);
+        delta.branch_rules[0].next_run_time = Some(NOW - 5);
+        let report = merge(&mut plan, delta, NOW + 1_000, options());
+        assert_eq!((report.updated, report.removed, report.added), (1, 0, 0));
+        assert!(!report.full_refresh_needed);
+        assert_eq!(
+            ready(&plan, NOW + 1_000, 500, Riyadh),
+            vec![other, fixture.workflow_id]
+        );
+    }
+
+    #[test]
+    fn an_incremental_merge_notices_a_delete_by_the_row_count() {
+        let fixture = Fixture::due(NOW - 1);
+        let mut plan = fixture.plan();
+        let mut delta = changes_only(fixture.data(), NOW, 0);
+        delta.branch_rules.clear();
+        let report = merge(&mut plan, delta, NOW, options());
+        assert!(report.full_refresh_needed);
+        assert_eq!(plan.present_len(), 1, "nothing is removed on a guess");
+
+        // The full read that follows removes it.
+        let mut full = fixture.data();
+        full.branch_rules.clear();
+        let report = merge(&mut plan, full, NOW, options());
+        assert_eq!(report.removed, 1);
+        assert_eq!(plan.present_len(), 0);
+        assert!(ready(&plan, NOW, 500, Riyadh).is_empty());
     }
 
     #[test]

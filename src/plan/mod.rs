@@ -119,6 +119,9 @@ pub struct ExecutionPlan {
     /// Seed 000's workflow cache: action details by branch rule, in position order.
     action_details: HashMap<Uuid, Vec<ActionDetail>>,
     merge_generation: u64,
+    /// How many workflows have `missing_since` set, kept so an incremental
+    /// refresh can compare the plan's size with the table's in O(1).
+    missing: usize,
 }
 
 fn by_id<T>(items: Vec<T>, id: impl Fn(&T) -> Uuid) -> HashMap<Uuid, T> {
@@ -252,24 +255,36 @@ impl ExecutionPlan {
             .map_or(&[], Vec::as_slice)
     }
 
+    /// Workflows the database still has (not marked missing).
+    pub fn present_len(&self) -> usize {
+        self.workflows.len() - self.missing
+    }
+
     /// Inserts or replaces a workflow, keeping the due index in step.
     pub(crate) fn insert(&mut self, workflow: Workflow) {
         let id = workflow.id();
-        if let Some(at) = self.workflows.get(&id).and_then(indexed_time) {
-            self.due_index.remove(&(at, id));
+        let index_at = indexed_time(&workflow);
+        self.missing += workflow.missing_since.is_some() as usize;
+        if let Some(old) = self.workflows.insert(id, workflow) {
+            self.forget(id, &old);
         }
-        if let Some(at) = indexed_time(&workflow) {
+        if let Some(at) = index_at {
             self.due_index.insert((at, id));
         }
-        self.workflows.insert(id, workflow);
     }
 
     pub(crate) fn remove(&mut self, id: &Uuid) -> Option<Workflow> {
         let workflow = self.workflows.remove(id)?;
-        if let Some(at) = indexed_time(&workflow) {
-            self.due_index.remove(&(at, *id));
-        }
+        self.forget(*id, &workflow);
         Some(workflow)
+    }
+
+    /// Drops the index entry and missing count of a workflow no longer held.
+    fn forget(&mut self, id: Uuid, old: &Workflow) {
+        if let Some(at) = indexed_time(old) {
+            self.due_index.remove(&(at, id));
+        }
+        self.missing -= old.missing_since.is_some() as usize;
     }
 
     /// Changes one workflow through `change`, re-indexing it afterwards.
@@ -279,8 +294,11 @@ impl ExecutionPlan {
             return false;
         };
         let before = indexed_time(workflow);
+        let was_missing = workflow.missing_since.is_some();
         change(workflow);
         let after = indexed_time(workflow);
+        self.missing =
+            self.missing + workflow.missing_since.is_some() as usize - was_missing as usize;
         if before != after {
             self.reindex(*id, before, after);
         }

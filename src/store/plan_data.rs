@@ -5,10 +5,11 @@ use super::catalog::{
     decode_action_template, decode_branch, decode_brand, decode_brand_rule, decode_rule,
 };
 use super::workflows::{
-    SELECT_ACTION_DETAILS_CAPPED, SELECT_BRANCH_RULES, decode_action_detail, decode_branch_rule,
+    COUNT_BRANCH_RULES, SELECT_ACTION_DETAILS_CAPPED, SELECT_BRANCH_RULES,
+    SELECT_BRANCH_RULES_CHANGED_SINCE, decode_action_detail, decode_branch_rule,
 };
 use super::{Store, StoreError};
-use crate::model::PlanData;
+use crate::model::{Millis, PlanData, PlanScope};
 
 /// A snapshot that sees one committed state for all seven reads, so a branch
 /// rule is never loaded without the branch it references. READ ONLY lets
@@ -16,10 +17,44 @@ use crate::model::PlanData;
 const BEGIN_PG_SNAPSHOT: &str = "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY";
 
 /// Expands to the seven reads on one connection (`&mut *tx`), so the same
-/// code runs inside either backend's transaction.
+/// code runs inside either backend's transaction. With `$since` set, only
+/// branch rules changed since then are read, plus the table's row count.
 macro_rules! load_all {
-    ($tx:ident, $cap:expr) => {
+    ($tx:ident, $cap:expr, $since:expr) => {{
+        let (branch_rules, scope) = match $since {
+            None => (
+                fetch_all_on!(
+                    &mut *$tx,
+                    "load branch_rules",
+                    decode_branch_rule,
+                    SELECT_BRANCH_RULES
+                )?,
+                PlanScope::Full,
+            ),
+            Some(since) => {
+                let rows = fetch_all_on!(
+                    &mut *$tx,
+                    "load changed branch_rules",
+                    decode_branch_rule,
+                    SELECT_BRANCH_RULES_CHANGED_SINCE,
+                    since
+                )?;
+                let total: i64 = sqlx::query_scalar(COUNT_BRANCH_RULES)
+                    .fetch_one(&mut *$tx)
+                    .await
+                    .map_err(StoreError::query("count branch_rules"))?;
+                let total_branch_rules = u64::try_from(total).unwrap_or(0);
+                (
+                    rows,
+                    PlanScope::Changes {
+                        since,
+                        total_branch_rules,
+                    },
+                )
+            }
+        };
         PlanData {
+            scope,
             brands: fetch_all_on!(&mut *$tx, "load brands", decode_brand, SELECT_BRANDS)?,
             branches: fetch_all_on!(&mut *$tx, "load branches", decode_branch, SELECT_BRANCHES)?,
             rules: fetch_all_on!(&mut *$tx, "load rules", decode_rule, SELECT_RULES)?,
@@ -35,12 +70,7 @@ macro_rules! load_all {
                 decode_action_template,
                 SELECT_ACTION_TEMPLATES
             )?,
-            branch_rules: fetch_all_on!(
-                &mut *$tx,
-                "load branch_rules",
-                decode_branch_rule,
-                SELECT_BRANCH_RULES
-            )?,
+            branch_rules,
             action_details: fetch_all_on!(
                 &mut *$tx,
                 "load action_details",
@@ -49,7 +79,7 @@ macro_rules! load_all {
                 $cap
             )?,
         }
-    };
+    }};
 }
 
 impl Store {
@@ -62,6 +92,26 @@ impl Store {
     /// with [`StoreError::Decode`] naming table, id and column: a plan built
     /// around a silently skipped row would run the wrong things.
     pub async fn load_plan_data(&self, action_details_cap: usize) -> Result<PlanData, StoreError> {
+        self.load_plan(action_details_cap, None).await
+    }
+
+    /// Like [`Store::load_plan_data`], but reads only the branch rules whose
+    /// `updated_at` is at or after `since` (a trigger bumps it on every
+    /// update), plus the table's row count so deletions are noticed. The
+    /// other tables are small and always read whole.
+    pub async fn load_plan_changes(
+        &self,
+        since: Millis,
+        action_details_cap: usize,
+    ) -> Result<PlanData, StoreError> {
+        self.load_plan(action_details_cap, Some(since)).await
+    }
+
+    async fn load_plan(
+        &self,
+        action_details_cap: usize,
+        since: Option<Millis>,
+    ) -> Result<PlanData, StoreError> {
         let cap = i64::try_from(action_details_cap).unwrap_or(i64::MAX);
         match self {
             Store::Sqlite(pool) => {
@@ -71,7 +121,7 @@ impl Store {
                     .begin()
                     .await
                     .map_err(StoreError::query("begin load_plan_data"))?;
-                let data = load_all!(tx, cap);
+                let data = load_all!(tx, cap, since);
                 tx.commit()
                     .await
                     .map_err(StoreError::query("commit load_plan_data"))?;
@@ -82,7 +132,7 @@ impl Store {
                     .begin_with(BEGIN_PG_SNAPSHOT)
                     .await
                     .map_err(StoreError::query("begin load_plan_data"))?;
-                let data = load_all!(tx, cap);
+                let data = load_all!(tx, cap, since);
                 tx.commit()
                     .await
                     .map_err(StoreError::query("commit load_plan_data"))?;

@@ -21,6 +21,15 @@ operation_time_from, operation_time_to, next_run_time, last_run_time, \
 lock_holder, lock_time, lock_epoch, params, created_at, updated_at \
 FROM branch_rules ORDER BY id";
 
+pub(super) const SELECT_BRANCH_RULES_CHANGED_SINCE: &str = "\
+SELECT id, branch_id, rule_id, brand_rule_id, \
+is_active, is_archived, is_force_stopped, is_currently_running, \
+operation_time_from, operation_time_to, next_run_time, last_run_time, \
+lock_holder, lock_time, lock_epoch, params, created_at, updated_at \
+FROM branch_rules WHERE updated_at >= $1 ORDER BY id";
+
+pub(super) const COUNT_BRANCH_RULES: &str = "SELECT COUNT(*) FROM branch_rules";
+
 pub(super) fn decode_branch_rule(row: &impl AnyRow) -> Result<BranchRule, StoreError> {
     let r = RowReader::new(row, "branch_rules")?;
     Ok(BranchRule {
