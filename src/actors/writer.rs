@@ -170,3 +170,88 @@ impl WriterState {
         self.queue.push_back(snapshot);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::actors::ask;
+    use crate::persist::read_plan_file;
+
+    fn snapshot(saved_at: Millis) -> Arc<PlanSnapshot> {
+        Arc::new(PlanSnapshot {
+            saved_at,
+            ..PlanSnapshot::default()
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_queue_drops_the_oldest_and_writes_at_most_once_per_interval() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("plan.json");
+        let args = WriterArgs {
+            path: path.clone(),
+            min_interval: Duration::from_secs(1),
+            clock: Clock::starting_at(1_000_000),
+        };
+        let (writer, handle) = Actor::spawn(None, WriterActor, args).await.unwrap();
+
+        for saved_at in 0..10 {
+            writer.cast(WriterMsg::Enqueue(snapshot(saved_at))).unwrap();
+        }
+        let stats = ask(&writer, WriterMsg::Stats).await.unwrap();
+        assert!(stats.write_thread_started && stats.write_thread_alive);
+        assert_eq!(stats.write_queue_size, WRITE_QUEUE_CAPACITY);
+        assert!(stats.write_queue_full);
+        assert_eq!(stats.snapshots_dropped, 6);
+
+        // The first flush is immediate and writes only the newest snapshot.
+        while ask(&writer, WriterMsg::Stats).await.unwrap().writes_ok == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(read_plan_file(&path).unwrap().unwrap().saved_at, 9);
+        let stats = ask(&writer, WriterMsg::Stats).await.unwrap();
+        assert_eq!((stats.writes_ok, stats.write_queue_size), (1, 0));
+
+        // The next one waits out the interval since the last write.
+        writer.cast(WriterMsg::Enqueue(snapshot(10))).unwrap();
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        assert_eq!(ask(&writer, WriterMsg::Stats).await.unwrap().writes_ok, 1);
+        assert_eq!(read_plan_file(&path).unwrap().unwrap().saved_at, 9);
+        while ask(&writer, WriterMsg::Stats).await.unwrap().writes_ok == 1 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(read_plan_file(&path).unwrap().unwrap().saved_at, 10);
+
+        writer.stop(None);
+        handle.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_write_is_retried_and_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        // A directory where the file should be: every write fails.
+        let path = dir.path().join("blocked");
+        std::fs::create_dir(&path).unwrap();
+        let args = WriterArgs {
+            path: path.clone(),
+            min_interval: Duration::from_millis(100),
+            clock: Clock::starting_at(0),
+        };
+        let (writer, handle) = Actor::spawn(None, WriterActor, args).await.unwrap();
+        writer.cast(WriterMsg::Enqueue(snapshot(1))).unwrap();
+        while ask(&writer, WriterMsg::Stats).await.unwrap().writes_failed < 2 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let stats = ask(&writer, WriterMsg::Stats).await.unwrap();
+        assert_eq!(stats.write_queue_size, 1, "the snapshot is kept for the retry");
+        assert!(stats.last_error.unwrap().contains("blocked"));
+
+        std::fs::remove_dir(&path).unwrap();
+        while ask(&writer, WriterMsg::Stats).await.unwrap().writes_ok == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(read_plan_file(&path).unwrap().unwrap().saved_at, 1);
+        writer.stop(None);
+        handle.await.unwrap();
+    }
+}
