@@ -243,7 +243,10 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let stats = ask(&writer, WriterMsg::Stats).await.unwrap();
-        assert_eq!(stats.write_queue_size, 1, "the snapshot is kept for the retry");
+        assert_eq!(
+            stats.write_queue_size, 1,
+            "the snapshot is kept for the retry"
+        );
         assert!(stats.last_error.unwrap().contains("blocked"));
 
         std::fs::remove_dir(&path).unwrap();
