@@ -2,6 +2,36 @@
 //!
 //! The cron engine (croner) stays behind [`CronSchedule`]; nothing here
 //! exposes its types, so it can be swapped without touching callers.
+//!
+//! A fixed local time inside a spring-forward gap fires once, at the first
+//! valid instant after it:
+//!
+//! ```
+//! use chrono::{TimeZone, Utc};
+//! use ruled::schedule::{CronSchedule, parse_timezone};
+//!
+//! let nightly = CronSchedule::parse("30 2 * * *").unwrap();
+//! let new_york = parse_timezone("America/New_York").unwrap();
+//! let after = Utc.with_ymd_and_hms(2026, 3, 7, 12, 0, 0).unwrap();
+//! let next = nightly.next_after(new_york, after).unwrap();
+//! // 02:30 does not exist on 2026-03-08: it runs at 03:00 EDT.
+//! assert_eq!(next, Utc.with_ymd_and_hms(2026, 3, 8, 7, 0, 0).unwrap());
+//! ```
+//!
+//! An occurrence outside the operation window runs when the window opens:
+//!
+//! ```
+//! use chrono::{TimeZone, Utc};
+//! use ruled::schedule::{CronSchedule, Window, parse_timezone, preview};
+//!
+//! let hourly = CronSchedule::parse("0 * * * *").unwrap();
+//! let riyadh = parse_timezone("Asia/Riyadh").unwrap();
+//! let window: Window = "22:00-06:00".parse().unwrap();
+//! let noon_utc = Utc.with_ymd_and_hms(2026, 6, 1, 12, 0, 0).unwrap(); // 15:00 in Riyadh
+//! let runs = preview(&hourly, riyadh, Some(window), noon_utc, 2).unwrap();
+//! assert_eq!(runs[0], Utc.with_ymd_and_hms(2026, 6, 1, 19, 0, 0).unwrap()); // 22:00 local
+//! assert_eq!(runs[1], Utc.with_ymd_and_hms(2026, 6, 1, 20, 0, 0).unwrap());
+//! ```
 
 mod cron;
 mod fields;
