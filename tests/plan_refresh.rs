@@ -3,43 +3,11 @@
 
 mod common;
 
-use std::time::Duration;
-
+use common::service::{DEADLINE, RunningService, ready_ids, start_service};
 use common::{TestDb, eventually};
 use ruled::actors::ask;
-use ruled::clock::Clock;
-use ruled::config::Config;
-use ruled::messages::PlanMsg;
 use ruled::service::Service;
 use uuid::Uuid;
-
-const DEADLINE: Duration = Duration::from_secs(10);
-
-struct Running {
-    service: Service,
-    _dir: tempfile::TempDir,
-}
-
-async fn start(db: &TestDb) -> Running {
-    let dir = tempfile::tempdir().unwrap();
-    let config = Config {
-        database_url: db.url.clone(),
-        plan_file: dir.path().join("plan.json"),
-        shutdown_marker_file: dir.path().join("marker.json"),
-        plan_refresh_interval: Duration::from_millis(100),
-        plan_min_write_interval: Duration::from_millis(50),
-        ..Config::default()
-    };
-    let service = Service::start(config, Clock::system()).await.unwrap();
-    Running { service, _dir: dir }
-}
-
-async fn ready_ids(service: &Service) -> Vec<Uuid> {
-    match service.directory().plan() {
-        Some(plan) => ask(&plan, PlanMsg::Ready).await.unwrap_or_default(),
-        None => Vec::new(),
-    }
-}
 
 /// Inserts a brand, a branch, an active rule and a branch rule due a minute
 /// ago, all with plain SQL as an operator or another system would.
@@ -84,13 +52,25 @@ async fn wait_until_ready(service: &Service, id: Uuid, expected: bool, what: &st
     .await;
 }
 
+/// A service with one due branch rule, inserted with SQL and seen ready.
+/// Returns the service, the branch id and the branch rule id.
+async fn service_with_a_ready_rule(db: &TestDb) -> (RunningService, Uuid, Uuid) {
+    let running = start_service(&db.url).await;
+    let (branch, id) = insert_due_rule(&running.service).await;
+    wait_until_ready(
+        &running.service,
+        id,
+        true,
+        "the inserted branch rule is ready",
+    )
+    .await;
+    (running, branch, id)
+}
+
 both_backends!(
     a_rule_inserted_with_sql_becomes_ready,
     |db: TestDb| async move {
-        let running = start(&db).await;
-        let service = &running.service;
-        let (_, id) = insert_due_rule(service).await;
-        wait_until_ready(service, id, true, "the inserted branch rule is ready").await;
+        let (running, _, _) = service_with_a_ready_rule(&db).await;
         running.service.shutdown("test").await.unwrap();
     }
 );
@@ -98,10 +78,8 @@ both_backends!(
 both_backends!(
     a_rule_deleted_in_sql_stops_being_ready,
     |db: TestDb| async move {
-        let running = start(&db).await;
+        let (running, _, id) = service_with_a_ready_rule(&db).await;
         let service = &running.service;
-        let (_, id) = insert_due_rule(service).await;
-        wait_until_ready(service, id, true, "the branch rule is ready").await;
         service
             .store()
             .execute_sql(&format!("DELETE FROM branch_rules WHERE id = '{id}'"))
@@ -121,10 +99,8 @@ both_backends!(
 both_backends!(
     a_deactivated_branch_stops_its_rules,
     |db: TestDb| async move {
-        let running = start(&db).await;
+        let (running, branch, id) = service_with_a_ready_rule(&db).await;
         let service = &running.service;
-        let (branch, id) = insert_due_rule(service).await;
-        wait_until_ready(service, id, true, "the branch rule is ready").await;
         service
             .store()
             .execute_sql(&format!(
@@ -146,9 +122,7 @@ both_backends!(
 both_backends!(
     the_plan_file_is_written_and_reloaded,
     |db: TestDb| async move {
-        let running = start(&db).await;
-        let (_, id) = insert_due_rule(&running.service).await;
-        wait_until_ready(&running.service, id, true, "the branch rule is ready").await;
+        let (running, _, id) = service_with_a_ready_rule(&db).await;
         let plan_file = running.service.config().plan_file.clone();
         eventually(DEADLINE, "the plan file holds the branch rule", || async {
             ruled::persist::read_plan_file(&plan_file)
@@ -164,10 +138,8 @@ both_backends!(
 both_backends!(
     a_rule_updated_in_sql_without_touching_updated_at_is_seen,
     |db: TestDb| async move {
-        let running = start(&db).await;
+        let (running, _, id) = service_with_a_ready_rule(&db).await;
         let service = &running.service;
-        let (_, id) = insert_due_rule(service).await;
-        wait_until_ready(service, id, true, "the branch rule is ready").await;
         // Incremental refreshes read rows by updated_at; the database's trigger
         // bumps it even when the statement does not.
         service

@@ -3,29 +3,14 @@
 
 mod common;
 
-use std::time::Duration;
-
+use common::service::{DEADLINE, ready_ids, start_service, start_service_with};
 use common::{eventually, sqlite_db};
 use ruled::actors::ask;
-use ruled::clock::Clock;
 use ruled::config::Config;
 use ruled::messages::{PlanMsg, RefresherMsg, WriterMsg};
 use ruled::service::{Service, StopCause};
 use ruled::supervision::ActorKind;
 use uuid::Uuid;
-
-const DEADLINE: Duration = Duration::from_secs(10);
-
-fn config(db_url: &str, dir: &std::path::Path) -> Config {
-    Config {
-        database_url: db_url.to_string(),
-        plan_file: dir.join("plan.json"),
-        shutdown_marker_file: dir.join("marker.json"),
-        plan_refresh_interval: Duration::from_millis(100),
-        plan_min_write_interval: Duration::from_millis(50),
-        ..Config::default()
-    }
-}
 
 async fn insert_due_rule(service: &Service) -> Uuid {
     let demo = ruled::commands::demo::load_demo(service.store(), 0)
@@ -45,13 +30,6 @@ async fn insert_due_rule(service: &Service) -> Uuid {
     row.id
 }
 
-async fn ready_ids(service: &Service) -> Vec<Uuid> {
-    match service.directory().plan() {
-        Some(plan) => ask(&plan, PlanMsg::Ready).await.unwrap_or_default(),
-        None => Vec::new(),
-    }
-}
-
 async fn restarts(service: &Service, kind: ActorKind) -> u64 {
     service
         .supervisor_stats()
@@ -63,10 +41,8 @@ async fn restarts(service: &Service, kind: ActorKind) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panicking_plan_actor_is_restarted_and_serves_again() {
     let db = sqlite_db().await;
-    let dir = tempfile::tempdir().unwrap();
-    let service = Service::start(config(&db.url, dir.path()), Clock::system())
-        .await
-        .unwrap();
+    let running = start_service(&db.url).await;
+    let service = running.service;
     let id = insert_due_rule(&service).await;
     eventually(DEADLINE, "the rule is ready", || async {
         ready_ids(&service).await.contains(&id)
@@ -97,10 +73,8 @@ async fn a_panicking_plan_actor_is_restarted_and_serves_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_writer_and_refresher_are_restarted_too() {
     let db = sqlite_db().await;
-    let dir = tempfile::tempdir().unwrap();
-    let service = Service::start(config(&db.url, dir.path()), Clock::system())
-        .await
-        .unwrap();
+    let running = start_service(&db.url).await;
+    let service = running.service;
     let directory = service.directory().clone();
     directory
         .writer()
@@ -136,12 +110,12 @@ async fn the_writer_and_refresher_are_restarted_too() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_actor_failing_past_the_limit_escalates() {
     let db = sqlite_db().await;
-    let dir = tempfile::tempdir().unwrap();
-    let config = Config {
+    let running = start_service_with(&db.url, |config| Config {
         supervisor_max_restarts: 2,
-        ..config(&db.url, dir.path())
-    };
-    let mut service = Service::start(config, Clock::system()).await.unwrap();
+        ..config
+    })
+    .await;
+    let mut service = running.service;
     let directory = service.directory().clone();
     let panicker = tokio::spawn(async move {
         // Panic every incarnation as soon as it is registered again.

@@ -33,6 +33,8 @@
 //! Tests never sleep to wait for something: use [`eventually`].
 #![allow(dead_code)]
 
+pub mod service;
+
 use std::future::Future;
 use std::io::Write;
 use std::time::{Duration, Instant};

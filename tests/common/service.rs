@@ -1,0 +1,55 @@
+//! An in-process ruled service on a test database, with fast intervals.
+
+use std::time::Duration;
+
+use ruled::actors::ask;
+use ruled::clock::Clock;
+use ruled::config::Config;
+use ruled::messages::PlanMsg;
+use ruled::service::Service;
+use tempfile::TempDir;
+use uuid::Uuid;
+
+/// Long enough for a loaded CI machine, short enough to fail fast.
+pub const DEADLINE: Duration = Duration::from_secs(10);
+
+/// A started service and the directory holding its plan file and marker.
+pub struct RunningService {
+    pub service: Service,
+    pub dir: TempDir,
+}
+
+/// The defaults, with files in `dir` and sub-second refresh and writes.
+pub fn test_config(database_url: &str, dir: &std::path::Path) -> Config {
+    Config {
+        database_url: database_url.to_string(),
+        plan_file: dir.join("plan.json"),
+        shutdown_marker_file: dir.join("marker.json"),
+        plan_refresh_interval: Duration::from_millis(100),
+        plan_min_write_interval: Duration::from_millis(50),
+        ..Config::default()
+    }
+}
+
+pub async fn start_service(database_url: &str) -> RunningService {
+    start_service_with(database_url, |config| config).await
+}
+
+/// Starts a service after `adjust` has changed the test config.
+pub async fn start_service_with(
+    database_url: &str,
+    adjust: impl FnOnce(Config) -> Config,
+) -> RunningService {
+    let dir = tempfile::tempdir().unwrap();
+    let config = adjust(test_config(database_url, dir.path()));
+    let service = Service::start(config, Clock::system()).await.unwrap();
+    RunningService { service, dir }
+}
+
+/// The plan's ready set, or nothing while the plan actor is restarting.
+pub async fn ready_ids(service: &Service) -> Vec<Uuid> {
+    match service.directory().plan() {
+        Some(plan) => ask(&plan, PlanMsg::Ready).await.unwrap_or_default(),
+        None => Vec::new(),
+    }
+}
