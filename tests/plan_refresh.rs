@@ -67,6 +67,12 @@ async fn service_with_a_ready_rule(db: &TestDb) -> (RunningService, Uuid, Uuid) 
     (running, branch, id)
 }
 
+/// Runs `sql` as an operator would and waits until `id` is no longer ready.
+async fn after_sql_not_ready(service: &Service, sql: &str, id: Uuid, what: &str) {
+    service.store().execute_sql(sql).await.unwrap();
+    wait_until_ready(service, id, false, what).await;
+}
+
 both_backends!(
     a_rule_inserted_with_sql_becomes_ready,
     |db: TestDb| async move {
@@ -79,16 +85,10 @@ both_backends!(
     a_rule_deleted_in_sql_stops_being_ready,
     |db: TestDb| async move {
         let (running, _, id) = service_with_a_ready_rule(&db).await;
-        let service = &running.service;
-        service
-            .store()
-            .execute_sql(&format!("DELETE FROM branch_rules WHERE id = '{id}'"))
-            .await
-            .unwrap();
-        wait_until_ready(
-            service,
+        after_sql_not_ready(
+            &running.service,
+            &format!("DELETE FROM branch_rules WHERE id = '{id}'"),
             id,
-            false,
             "the deleted branch rule is no longer ready",
         )
         .await;
@@ -100,18 +100,10 @@ both_backends!(
     a_deactivated_branch_stops_its_rules,
     |db: TestDb| async move {
         let (running, branch, id) = service_with_a_ready_rule(&db).await;
-        let service = &running.service;
-        service
-            .store()
-            .execute_sql(&format!(
-                "UPDATE branches SET is_active = FALSE WHERE id = '{branch}'"
-            ))
-            .await
-            .unwrap();
-        wait_until_ready(
-            service,
+        after_sql_not_ready(
+            &running.service,
+            &format!("UPDATE branches SET is_active = FALSE WHERE id = '{branch}'"),
             id,
-            false,
             "rules of an inactive branch are not ready",
         )
         .await;
@@ -142,20 +134,9 @@ both_backends!(
         let service = &running.service;
         // Incremental refreshes read rows by updated_at; the database's trigger
         // bumps it even when the statement does not.
-        service
-            .store()
-            .execute_sql(&format!(
-                "UPDATE branch_rules SET is_active = FALSE WHERE id = '{id}'"
-            ))
-            .await
-            .unwrap();
-        wait_until_ready(
-            service,
-            id,
-            false,
-            "the deactivated branch rule is no longer ready",
-        )
-        .await;
+        let sql = format!("UPDATE branch_rules SET is_active = FALSE WHERE id = '{id}'");
+        let what = "the deactivated branch rule is no longer ready";
+        after_sql_not_ready(service, &sql, id, what).await;
         let refresher = service.directory().refresher().unwrap();
         let stats = ask(&refresher, ruled::messages::RefresherMsg::Stats)
             .await
