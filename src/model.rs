@@ -155,3 +155,82 @@ pub struct PlanData {
     /// Ordered by (branch_rule_id, position) and capped at PLAN_ACTION_DETAILS_CAP.
     pub action_details: Vec<ActionDetail>,
 }
+
+/// The life of one occurrence (DESIGN.md §4). Stored lower-case.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExecutionStatus {
+    /// The claim succeeded and the row was inserted (master).
+    Requested,
+    /// Handed to a worker (master).
+    Scheduled,
+    /// The worker started the actions (worker).
+    Running,
+    Completed,
+    Failed,
+    Cancelled,
+    TimedOut,
+}
+
+impl ExecutionStatus {
+    pub const ALL: [ExecutionStatus; 7] = [
+        ExecutionStatus::Requested,
+        ExecutionStatus::Scheduled,
+        ExecutionStatus::Running,
+        ExecutionStatus::Completed,
+        ExecutionStatus::Failed,
+        ExecutionStatus::Cancelled,
+        ExecutionStatus::TimedOut,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExecutionStatus::Requested => "requested",
+            ExecutionStatus::Scheduled => "scheduled",
+            ExecutionStatus::Running => "running",
+            ExecutionStatus::Completed => "completed",
+            ExecutionStatus::Failed => "failed",
+            ExecutionStatus::Cancelled => "cancelled",
+            ExecutionStatus::TimedOut => "timed_out",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<ExecutionStatus> {
+        ExecutionStatus::ALL.into_iter().find(|s| s.as_str() == text)
+    }
+
+    /// Terminal states are final: nothing writes over them.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            ExecutionStatus::Completed
+                | ExecutionStatus::Failed
+                | ExecutionStatus::Cancelled
+                | ExecutionStatus::TimedOut
+        )
+    }
+}
+
+/// One row of `executions`: one attempt at one occurrence of a branch rule.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Execution {
+    pub id: Uuid,
+    pub branch_rule_id: Uuid,
+    /// The occurrence's due time: the branch rule's next_run_time when it was
+    /// claimed (for run-now, the request time).
+    pub scheduled_for: Millis,
+    pub status: ExecutionStatus,
+    /// 1 for the first try; a lost occurrence retried gets the next number.
+    pub attempt: i64,
+    /// INSTANCE_ID of the instance that claimed it.
+    pub owner: String,
+    pub lock_epoch: i64,
+    pub requested_at: Millis,
+    pub scheduled_at: Option<Millis>,
+    pub started_at: Option<Millis>,
+    pub finished_at: Option<Millis>,
+    pub error: Option<String>,
+    pub output: Option<Value>,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+}
