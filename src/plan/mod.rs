@@ -6,6 +6,7 @@
 //! ready walks only the entries that are already due, in the deterministic
 //! order the master dispatches them.
 
+mod jobs;
 mod merge;
 mod next_run;
 mod ready;
@@ -19,9 +20,10 @@ use crate::model::{
     ActionDetail, ActionTemplate, Branch, BranchRule, Brand, BrandRule, Millis, PlanData, Rule,
 };
 
+pub use jobs::{JobSpec, JobStep, in_partition, job_spec, next_wake};
 pub use merge::{MergeOptions, MergeReport, NextRunChange, merge};
 pub use next_run::{PlanError, local_next_run_time, schedule_of};
-pub use ready::{NotReady, check_ready, ready};
+pub use ready::{NotReady, check_ready, ready, ready_in_partition};
 
 /// One branch rule as the plan holds it, with the bookkeeping smart merge needs.
 #[derive(Debug, Clone, Serialize, Deserialize)]

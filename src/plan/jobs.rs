@@ -1,0 +1,182 @@
+//! What the master needs to run a ready workflow, and when it should look
+//! again: pure reads of the plan.
+
+use chrono_tz::Tz;
+use uuid::Uuid;
+
+use super::{ExecutionPlan, NotReady, check_ready, schedule_of};
+use crate::clock::millis_to_utc;
+use crate::config::Partition;
+use crate::model::{ActionDetail, ActionTemplate, BranchRule, Millis};
+use crate::schedule::{CronSchedule, Window, next_window_open};
+
+/// One action of a job: the detail and its template, in position order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobStep {
+    pub detail: ActionDetail,
+    /// `None` when the template is missing from the plan; the step fails
+    /// with a clear error rather than being skipped.
+    pub template: Option<ActionTemplate>,
+}
+
+/// Everything a worker needs, copied out of the plan at fetch time.
+#[derive(Debug, Clone)]
+pub struct JobSpec {
+    pub branch_rule: BranchRule,
+    pub steps: Vec<JobStep>,
+    /// The expression and zone to compute the next run from after the job;
+    /// `Err` explains why there is none (the job still runs and is recorded).
+    pub schedule: Result<(CronSchedule, Tz), String>,
+}
+
+/// A stable partition of workflows across instances (seed 003): the id's
+/// 128-bit value modulo the count.
+pub fn in_partition(id: &Uuid, partition: Option<Partition>) -> bool {
+    partition.is_none_or(|p| id.as_u128() % u128::from(p.count) == u128::from(p.index))
+}
+
+/// The job spec of one workflow, if the plan has it.
+pub fn job_spec(plan: &ExecutionPlan, id: &Uuid, default_zone: Tz) -> Option<JobSpec> {
+    let workflow = plan.get(id)?;
+    let steps = plan
+        .action_details(id)
+        .iter()
+        .map(|detail| JobStep {
+            detail: detail.clone(),
+            template: plan.action_template(&detail.action_template_id).cloned(),
+        })
+        .collect();
+    Some(JobSpec {
+        branch_rule: workflow.branch_rule.clone(),
+        steps,
+        schedule: schedule_of(plan, id, default_zone).map_err(|e| e.to_string()),
+    })
+}
+
+/// When the master should next fetch: the earliest future next_run_time,
+/// or the opening of the window a due workflow waits for. Workflows held
+/// back for other reasons (running, inactive branch) wake the master through
+/// the plan change that frees them, so they are not counted here; that keeps
+/// a rule stuck outside its window from spinning the master.
+pub fn next_wake(
+    plan: &ExecutionPlan,
+    now: Millis,
+    default_zone: Tz,
+    partition: Option<Partition>,
+) -> Option<Millis> {
+    let mut earliest: Option<Millis> = None;
+    for (at, id) in plan.due_index.iter() {
+        if earliest.is_some_and(|e| *at >= e) {
+            break;
+        }
+        if !in_partition(id, partition) {
+            continue;
+        }
+        if *at > now {
+            earliest = Some(earliest.map_or(*at, |e| e.min(*at)));
+            break;
+        }
+        let Some(workflow) = plan.get(id) else { continue };
+        if let Err(NotReady::OutsideWindow { window, .. }) =
+            check_ready(plan, workflow, now, default_zone)
+        {
+            let opens = window_opening(plan, workflow, window, now, default_zone);
+            earliest = Some(earliest.map_or(opens, |e| e.min(opens)));
+        }
+    }
+    earliest
+}
+
+fn window_opening(
+    plan: &ExecutionPlan,
+    workflow: &super::Workflow,
+    window: Window,
+    now: Millis,
+    default_zone: Tz,
+) -> Millis {
+    let zone = plan.zone_of(workflow, default_zone).unwrap_or(default_zone);
+    next_window_open(Some(window), zone, millis_to_utc(now)).timestamp_millis()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::ActionTemplate;
+    use crate::plan::fixtures::Fixture;
+    use serde_json::json;
+
+    const NOW: Millis = 1_800_000_000_000;
+
+    #[test]
+    fn partitions_split_ids_stably() {
+        let ids: Vec<Uuid> = (0..300u128).map(Uuid::from_u128).collect();
+        let counts: Vec<usize> = (0..3)
+            .map(|index| {
+                let p = Some(Partition { index, count: 3 });
+                ids.iter().filter(|id| in_partition(id, p)).count()
+            })
+            .collect();
+        assert_eq!(counts, vec![100, 100, 100]);
+        assert!(ids.iter().all(|id| in_partition(id, None)));
+    }
+
+    #[test]
+    fn a_job_spec_carries_steps_in_order_and_the_schedule() {
+        let fixture = Fixture::due(NOW - 1);
+        let template = ActionTemplate {
+            id: Uuid::from_u128(0x7),
+            name: "noop".into(),
+            kind: "noop".into(),
+            config: json!({}),
+            created_at: 0,
+            updated_at: 0,
+        };
+        let detail = |n: u128, position| ActionDetail {
+            id: Uuid::from_u128(n),
+            branch_rule_id: fixture.workflow_id,
+            action_template_id: template.id,
+            position,
+            params: json!({}),
+            created_at: 0,
+            updated_at: 0,
+        };
+        let mut data = fixture.data();
+        data.action_templates.push(template.clone());
+        data.action_details = vec![detail(0x21, 2), detail(0x20, 1)];
+        let plan = ExecutionPlan::from_data(data);
+        let spec = job_spec(&plan, &fixture.workflow_id, chrono_tz::UTC).unwrap();
+        let positions: Vec<i32> = spec.steps.iter().map(|s| s.detail.position).collect();
+        assert_eq!(positions, vec![1, 2]);
+        assert_eq!(spec.steps[0].template.as_ref(), Some(&template));
+        let (schedule, zone) = spec.schedule.unwrap();
+        assert_eq!((schedule.expression(), zone), ("*/5 * * * *", chrono_tz::UTC));
+    }
+
+    #[test]
+    fn the_master_wakes_at_the_next_due_time_or_window_opening() {
+        let fixture = Fixture::due(NOW + 5_000);
+        let plan = fixture.plan();
+        assert_eq!(next_wake(&plan, NOW, chrono_tz::UTC, None), Some(NOW + 5_000));
+
+        // Due now but outside its window: wake when the window opens, not now.
+        let mut fixture = Fixture::due(NOW - 1);
+        let local = crate::schedule::local_time_of_day(chrono_tz::UTC, millis_to_utc(NOW));
+        let opens = crate::schedule::TimeOfDay::new((local.hour() + 2) % 24, 0).unwrap();
+        fixture.branch_rule.operation_time_from = Some(opens);
+        fixture.branch_rule.operation_time_to =
+            Some(crate::schedule::TimeOfDay::new((local.hour() + 3) % 24, 0).unwrap());
+        let plan = fixture.plan();
+        let wake = next_wake(&plan, NOW, chrono_tz::UTC, None).unwrap();
+        assert!(wake > NOW && wake <= NOW + 2 * 3_600_000, "{wake}");
+        assert_eq!(
+            crate::schedule::local_time_of_day(chrono_tz::UTC, millis_to_utc(wake)),
+            opens
+        );
+
+        // Running: no wake from the plan's index; the finish will wake it.
+        let fixture = Fixture::due(NOW - 1);
+        let mut plan = fixture.plan();
+        plan.mark_running(&fixture.workflow_id, NOW);
+        assert_eq!(next_wake(&plan, NOW, chrono_tz::UTC, None), None);
+    }
+}

@@ -1,0 +1,260 @@
+//! The master's job queue (seed 004): FIFO order, O(1) dedup, active-job
+//! tracking and the recently-processed window. Pure: no actors, no I/O.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::model::Millis;
+
+/// Why a ready rule was not queued: the `reason` label of
+/// `ruled_jobs_deduplicated_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DedupReason {
+    /// Already waiting in the queue.
+    Queued,
+    /// A worker is running it.
+    Active,
+    /// Finished within RECENTLY_PROCESSED_SECONDS.
+    Recent,
+    /// The plan says it is running.
+    Running,
+}
+
+impl DedupReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DedupReason::Queued => "queued",
+            DedupReason::Active => "active",
+            DedupReason::Recent => "recent",
+            DedupReason::Running => "running",
+        }
+    }
+}
+
+/// Seed 004's queue statistics.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct QueueStats {
+    pub queue_size: usize,
+    pub active_jobs: usize,
+    pub active_job_ids: Vec<Uuid>,
+    pub queued_job_ids: Vec<Uuid>,
+    pub total_workers: usize,
+    pub alive_workers: usize,
+}
+
+/// Jobs keyed by branch rule id. `J` is whatever the master queues.
+#[derive(Debug)]
+pub struct JobQueue<J> {
+    queued: VecDeque<(Uuid, J)>,
+    queued_ids: HashSet<Uuid>,
+    active: HashMap<Uuid, Uuid>,
+    recently_processed: HashMap<Uuid, Millis>,
+    recent_window_ms: Millis,
+}
+
+impl<J> JobQueue<J> {
+    pub fn new(recent_window_ms: Millis) -> JobQueue<J> {
+        JobQueue {
+            queued: VecDeque::new(),
+            queued_ids: HashSet::new(),
+            active: HashMap::new(),
+            recently_processed: HashMap::new(),
+            recent_window_ms,
+        }
+    }
+
+    /// The four checks of seed 004, cheapest first. `Ok` means the rule may
+    /// be claimed and queued.
+    pub fn admit(&self, id: Uuid, now: Millis, running_in_plan: bool) -> Result<(), DedupReason> {
+        if self.queued_ids.contains(&id) {
+            return Err(DedupReason::Queued);
+        }
+        if self.active.contains_key(&id) {
+            return Err(DedupReason::Active);
+        }
+        if self
+            .recently_processed
+            .get(&id)
+            .is_some_and(|&at| now - at < self.recent_window_ms)
+        {
+            return Err(DedupReason::Recent);
+        }
+        if running_in_plan {
+            return Err(DedupReason::Running);
+        }
+        Ok(())
+    }
+
+    /// Queues a job; a rule already queued or active is refused (and the job
+    /// handed back) so a race between two fetches cannot double it.
+    pub fn push(&mut self, id: Uuid, job: J) -> Result<(), J> {
+        if self.queued_ids.contains(&id) || self.active.contains_key(&id) {
+            return Err(job);
+        }
+        self.queued_ids.insert(id);
+        self.queued.push_back((id, job));
+        Ok(())
+    }
+
+    /// Takes the oldest job and marks it active under `execution_id`.
+    pub fn start_next(&mut self, execution_id: impl FnOnce(&J) -> Uuid) -> Option<(Uuid, J)> {
+        let (id, job) = self.queued.pop_front()?;
+        self.queued_ids.remove(&id);
+        self.active.insert(id, execution_id(&job));
+        Some((id, job))
+    }
+
+    /// Takes a queued job out before it started (cancellation before the
+    /// handoff). Returns it so its execution can be recorded Cancelled.
+    pub fn remove_queued(&mut self, id: Uuid) -> Option<J> {
+        if !self.queued_ids.remove(&id) {
+            return None;
+        }
+        let position = self.queued.iter().position(|(queued, _)| *queued == id)?;
+        self.queued.remove(position).map(|(_, job)| job)
+    }
+
+    /// The queued job of a rule, if any.
+    pub fn queued(&self, id: &Uuid) -> Option<&J> {
+        if !self.queued_ids.contains(id) {
+            return None;
+        }
+        self.queued.iter().find(|(queued, _)| queued == id).map(|(_, job)| job)
+    }
+
+    /// The rule of the first queued job matching `matches`.
+    pub fn find_queued(&self, matches: impl Fn(&J) -> bool) -> Option<Uuid> {
+        self.queued.iter().find(|(_, job)| matches(job)).map(|(id, _)| *id)
+    }
+
+    /// Every queued job, oldest first, emptying the queue (shutdown).
+    pub fn drain_queued(&mut self) -> Vec<(Uuid, J)> {
+        self.queued_ids.clear();
+        self.queued.drain(..).collect()
+    }
+
+    /// The job of `id` finished at `now`; it is not admitted again within
+    /// the recent window.
+    pub fn finish(&mut self, id: Uuid, now: Millis) -> bool {
+        let was_active = self.active.remove(&id).is_some();
+        self.recently_processed.insert(id, now);
+        was_active
+    }
+
+    /// Forgets recently-processed entries older than the window, so the map
+    /// stays as small as the jobs of the last few seconds.
+    pub fn prune(&mut self, now: Millis) {
+        let window = self.recent_window_ms;
+        self.recently_processed.retain(|_, &mut at| now - at < window);
+    }
+
+    pub fn active_execution(&self, id: &Uuid) -> Option<Uuid> {
+        self.active.get(id).copied()
+    }
+
+    pub fn is_active(&self, id: &Uuid) -> bool {
+        self.active.contains_key(id)
+    }
+
+    pub fn queued_len(&self) -> usize {
+        self.queued.len()
+    }
+
+    pub fn active_len(&self) -> usize {
+        self.active.len()
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.queued.is_empty() && self.active.is_empty()
+    }
+
+    pub fn stats(&self, total_workers: usize, alive_workers: usize) -> QueueStats {
+        let mut active_job_ids: Vec<Uuid> = self.active.keys().copied().collect();
+        active_job_ids.sort();
+        QueueStats {
+            queue_size: self.queued.len(),
+            active_jobs: self.active.len(),
+            active_job_ids,
+            queued_job_ids: self.queued.iter().map(|(id, _)| *id).collect(),
+            total_workers,
+            alive_workers,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(n: u128) -> Uuid {
+        Uuid::from_u128(n)
+    }
+
+    #[test]
+    fn each_dedup_check_on_its_own() {
+        let mut queue: JobQueue<&str> = JobQueue::new(30_000);
+        assert_eq!(queue.admit(id(1), 0, false), Ok(()));
+        assert_eq!(queue.admit(id(1), 0, true), Err(DedupReason::Running));
+
+        queue.push(id(1), "one").unwrap();
+        assert_eq!(queue.admit(id(1), 0, false), Err(DedupReason::Queued));
+
+        let (started, job) = queue.start_next(|_| id(100)).unwrap();
+        assert_eq!((started, job), (id(1), "one"));
+        assert_eq!(queue.admit(id(1), 0, false), Err(DedupReason::Active));
+        assert_eq!(queue.active_execution(&id(1)), Some(id(100)));
+
+        assert!(queue.finish(id(1), 1_000));
+        assert_eq!(queue.admit(id(1), 30_999, false), Err(DedupReason::Recent));
+        assert_eq!(queue.admit(id(1), 31_000, false), Ok(()));
+    }
+
+    #[test]
+    fn fifo_order_and_no_doubles() {
+        let mut queue: JobQueue<u32> = JobQueue::new(0);
+        for n in 1..=3 {
+            queue.push(id(n), n as u32).unwrap();
+        }
+        assert_eq!(queue.push(id(2), 99), Err(99));
+        let order: Vec<u32> = std::iter::from_fn(|| queue.start_next(|_| Uuid::nil()).map(|(_, j)| j)).collect();
+        assert_eq!(order, vec![1, 2, 3]);
+        assert_eq!(queue.push(id(1), 7), Err(7), "active: refused");
+    }
+
+    #[test]
+    fn cancel_before_start_and_drain() {
+        let mut queue: JobQueue<u32> = JobQueue::new(0);
+        for n in 1..=4 {
+            queue.push(id(n), n as u32).unwrap();
+        }
+        assert_eq!(queue.queued(&id(3)), Some(&3));
+        assert_eq!(queue.find_queued(|&job| job == 4), Some(id(4)));
+        assert_eq!(queue.find_queued(|&job| job == 9), None);
+        assert_eq!(queue.remove_queued(id(2)), Some(2));
+        assert_eq!(queue.remove_queued(id(2)), None);
+        assert_eq!(queue.admit(id(2), 0, false), Ok(()));
+        let drained: Vec<u32> = queue.drain_queued().into_iter().map(|(_, j)| j).collect();
+        assert_eq!(drained, vec![1, 3, 4]);
+        assert!(queue.is_idle());
+    }
+
+    #[test]
+    fn stats_and_pruning() {
+        let mut queue: JobQueue<u32> = JobQueue::new(10);
+        queue.push(id(1), 1).unwrap();
+        queue.push(id(2), 2).unwrap();
+        queue.start_next(|_| id(50));
+        let stats = queue.stats(10, 9);
+        assert_eq!(stats.queue_size, 1);
+        assert_eq!(stats.active_jobs, 1);
+        assert_eq!(stats.active_job_ids, vec![id(1)]);
+        assert_eq!(stats.queued_job_ids, vec![id(2)]);
+        assert_eq!((stats.total_workers, stats.alive_workers), (10, 9));
+        queue.finish(id(1), 0);
+        queue.prune(10);
+        assert_eq!(queue.admit(id(1), 10, false), Ok(()));
+    }
+}
