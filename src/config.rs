@@ -122,6 +122,9 @@ pub struct Config {
     pub command_actions_enabled: bool,
     /// HTTP_ACTION_ALLOW_PRIVATE, default false.
     pub http_action_allow_private: bool,
+    /// SHUTDOWN_GRACE_SECONDS, default 30: how long running jobs may finish
+    /// after SIGTERM before they are cancelled.
+    pub shutdown_grace: Duration,
     /// SUPERVISOR_MAX_RESTARTS, default 5.
     pub supervisor_max_restarts: u32,
     /// SUPERVISOR_RESTART_WINDOW_SECONDS, default 60.
@@ -163,6 +166,7 @@ impl Default for Config {
             log_format: LogFormat::Pretty,
             command_actions_enabled: false,
             http_action_allow_private: false,
+            shutdown_grace: Duration::from_secs(30),
             supervisor_max_restarts: 5,
             supervisor_restart_window: Duration::from_secs(60),
         }
@@ -176,7 +180,8 @@ pub fn default_worker_count() -> usize {
     (cores * 9 / 10).max(10)
 }
 
-fn hostname() -> String {
+/// This machine's host name (INSTANCE_ID's default).
+pub fn hostname() -> String {
     let mut buffer = [0u8; 256];
     // SAFETY: the buffer is valid for its whole length and gethostname writes
     // at most that many bytes.
@@ -338,6 +343,7 @@ impl Config {
             "HTTP_ACTION_ALLOW_PRIVATE",
             &mut c.http_action_allow_private,
         )?;
+        env.seconds("SHUTDOWN_GRACE_SECONDS", &mut c.shutdown_grace, false)?;
         env.parsed("SUPERVISOR_MAX_RESTARTS", &mut c.supervisor_max_restarts)?;
         env.seconds(
             "SUPERVISOR_RESTART_WINDOW_SECONDS",

@@ -22,10 +22,12 @@
 //!
 //! | module | what it does |
 //! |---|---|
+//! | [`actions`] | the handler trait and built-in action kinds |
 //! | [`actors`] | one actor per file; thin shells around the pure modules |
 //! | [`messages`] | one message enum per actor |
 //! | [`supervision`] | root supervisor, restart policy (pure), directory |
 //! | [`plan`] | `ExecutionPlan`, ready filter, smart merge, local next run (pure) |
+//! | [`queue`] | the master's job queue: FIFO, dedup, active and recent jobs (pure) |
 //! | [`schedule`] | cron, time zones, windows, DST, preview (pure) |
 //! | [`store`] | sqlx queries and migrations for SQLite and PostgreSQL |
 //! | [`persist`] | the plan file and shutdown marker, written atomically |
@@ -33,6 +35,7 @@
 //! | [`commands`] | the `ruled plan`, `preview` and `demo` commands |
 //! | [`config`], [`clock`], [`metrics`], [`model`] | configuration, time, metric names, rows |
 
+pub mod actions;
 pub mod actors;
 pub mod clock;
 pub mod commands;
@@ -42,6 +45,7 @@ pub mod metrics;
 pub mod model;
 pub mod persist;
 pub mod plan;
+pub mod queue;
 pub mod schedule;
 pub mod service;
 pub mod store;

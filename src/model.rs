@@ -196,7 +196,9 @@ impl ExecutionStatus {
     }
 
     pub fn parse(text: &str) -> Option<ExecutionStatus> {
-        ExecutionStatus::ALL.into_iter().find(|s| s.as_str() == text)
+        ExecutionStatus::ALL
+            .into_iter()
+            .find(|s| s.as_str() == text)
     }
 
     /// Terminal states are final: nothing writes over them.

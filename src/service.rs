@@ -8,13 +8,18 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::{error, info, warn};
 
+use crate::actions::{ActionRegistry, ActionSettings};
 use crate::actors::{AskError, ask};
 use crate::clock::{Clock, millis_to_utc};
 use crate::config::Config;
+use crate::config::hostname;
 use crate::messages::SupervisorMsg;
 use crate::messages::supervisor::SupervisorStats;
-use crate::persist::{PersistError, PreviousStop, ShutdownMarker, take_marker, write_marker};
-use crate::store::{Store, StoreError};
+use crate::model::Millis;
+use crate::persist::{
+    PersistError, PreviousStop, ShutdownMarker, read_plan_file, take_marker, write_marker,
+};
+use crate::store::{Backend, Store, StoreError, TransitionBatcher};
 use crate::supervision::{Directory, Escalation, RootSupervisor, SupervisorArgs};
 
 #[derive(Debug, thiserror::Error)]
@@ -31,6 +36,16 @@ pub enum ServiceError {
     Signal(std::io::Error),
     #[error("the supervisor did not answer: {0}")]
     Unresponsive(#[from] AskError),
+    #[error(
+        "INSTANCE_ID {instance_id:?} is in use by a live process (host {hostname}, pid {pid}, \
+         heartbeat {seconds_ago} s ago); give this process its own INSTANCE_ID"
+    )]
+    InstanceInUse {
+        instance_id: String,
+        hostname: String,
+        pid: i64,
+        seconds_ago: i64,
+    },
 }
 
 /// Why [`Service::wait`] returned.
@@ -55,6 +70,20 @@ impl Service {
     /// and starts the supervision tree. The plan is loaded from PLAN_FILE by
     /// the PlanActor and refreshed from the database at once.
     pub async fn start(config: Config, clock: Clock) -> Result<Service, ServiceError> {
+        let registry = ActionRegistry::with_builtins(ActionSettings {
+            command_actions_enabled: config.command_actions_enabled,
+            http_action_allow_private: config.http_action_allow_private,
+        });
+        Service::start_with(config, clock, registry).await
+    }
+
+    /// Starts with a registry the caller filled: a library user's own
+    /// action kinds beside (or instead of) the built-in ones.
+    pub async fn start_with(
+        config: Config,
+        clock: Clock,
+        registry: ActionRegistry,
+    ) -> Result<Service, ServiceError> {
         match take_marker(&config.shutdown_marker_file, &config.plan_file) {
             PreviousStop::FirstStart => info!("First start: no plan file and no shutdown marker"),
             PreviousStop::Clean(marker) => info!(
@@ -74,6 +103,9 @@ impl Service {
         let store = Store::connect(&config.database_url).await?;
         store.migrate().await?;
         info!(backend = %store.backend(), instance_id = %config.instance_id, "Database ready");
+        claim_instance_id(&store, &config, clock.now_ms()).await?;
+        recover(&store, &config, clock.now_ms()).await?;
+        let batcher = TransitionBatcher::new(store.clone());
 
         let config = Arc::new(config);
         let directory = Directory::new();
@@ -82,6 +114,8 @@ impl Service {
             config: Arc::clone(&config),
             clock,
             store: store.clone(),
+            batcher,
+            registry,
             directory: directory.clone(),
             escalations: escalation_tx,
         };
@@ -157,6 +191,95 @@ impl Service {
         let _ = self.supervisor_task.await;
         self.store.close().await;
     }
+}
+
+/// Refuses to start when a live process holds INSTANCE_ID; otherwise takes
+/// the id over (a crashed predecessor on this host is recovered at once).
+async fn claim_instance_id(
+    store: &Store,
+    config: &Config,
+    now: Millis,
+) -> Result<(), ServiceError> {
+    let me = &config.instance_id;
+    let hostname = hostname();
+    let pid = i64::from(std::process::id());
+    if let Some(row) = store.instance(me).await? {
+        let age = now - row.heartbeat_at;
+        let fresh = age < config.schedule_lock_timeout.as_millis() as Millis;
+        let same_host = row.hostname == hostname;
+        let alive_here = same_host && row.pid != pid && process_alive(row.pid);
+        if fresh && (!same_host || alive_here) {
+            return Err(ServiceError::InstanceInUse {
+                instance_id: me.clone(),
+                hostname: row.hostname,
+                pid: row.pid,
+                seconds_ago: age / 1000,
+            });
+        }
+        if fresh {
+            warn!(instance_id = %me, "Previous process {} on this host is gone; recovering its work", row.pid);
+        }
+    }
+    let partition = config.partition.map(|p| format!("{}/{}", p.index, p.count));
+    store
+        .register_instance(me, &hostname, pid, now, partition.as_deref())
+        .await?;
+    Ok(())
+}
+
+/// Crash recovery in the database, in the order that loses nothing: first
+/// the plan file's outbox (finished jobs whose result never landed), then
+/// every execution this instance left non-terminal becomes Failed
+/// `worker_lost` and its lock is released, so the occurrence runs again as
+/// a new attempt. On SQLite there is only ever one instance, so every
+/// non-terminal execution found is ours.
+async fn recover(store: &Store, config: &Config, now: Millis) -> Result<(), ServiceError> {
+    if let Ok(Some(snapshot)) = read_plan_file(&config.plan_file) {
+        for entry in &snapshot.outbox {
+            match store.finish(&entry.fence, &entry.finish).await? {
+                Some(_) => {
+                    info!(execution_id = %entry.fence.execution_id, "📬 Delivered a result kept in the outbox")
+                }
+                None => {
+                    warn!(execution_id = %entry.fence.execution_id, "📮 Outbox entry fenced out")
+                }
+            }
+        }
+    }
+    let mut owners = vec![config.instance_id.clone()];
+    if store.backend() == Backend::Sqlite {
+        owners.extend(store.stale_owners(now, 0).await?);
+    }
+    owners.dedup();
+    for owner in owners {
+        let failed = store.recover_owner(&owner, now).await?;
+        if !failed.is_empty() {
+            warn!(
+                instance_id = %owner,
+                "💥 {} execution(s) left unfinished by a crash marked failed (worker_lost); they run again",
+                failed.len()
+            );
+            for execution in failed {
+                info!(
+                    execution_id = %execution.id,
+                    branch_rule_id = %execution.branch_rule_id,
+                    "worker_lost: attempt {} of the occurrence at {}",
+                    execution.attempt,
+                    millis_to_utc(execution.scheduled_for).to_rfc3339()
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+fn process_alive(pid: i64) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: signal 0 only checks that the process exists.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
 /// `ruled serve`: runs until a signal (exit 0) or an escalation (error).

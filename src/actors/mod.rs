@@ -2,8 +2,10 @@
 //! modules (`plan`, `schedule`, `supervision::policy`), so the actors only
 //! own state, receive messages and do I/O.
 
+pub mod master;
 pub mod plan;
 pub mod refresher;
+pub mod worker;
 pub mod writer;
 
 use std::time::Duration;

@@ -8,12 +8,14 @@ use tracing::{debug, info, warn};
 
 use crate::clock::{Clock, millis_to_utc};
 use crate::config::Config;
-use crate::messages::{PlanMsg, RefresherMsg, WriterMsg};
+use crate::messages::plan::ReadyJobs;
+use crate::messages::{MasterMsg, PlanMsg, RefresherMsg, WriterMsg};
 use crate::metrics as m;
 use crate::model::{Millis, PlanScope};
 use crate::persist::read_plan_file;
 use crate::plan::{
-    ExecutionPlan, MergeOptions, MergeReport, PlanStats, local_next_run_time, merge, ready,
+    ExecutionPlan, MergeOptions, MergeReport, PlanStats, job_spec, local_next_run_time, merge,
+    next_wake, ready_in_partition,
 };
 use crate::supervision::Directory;
 
@@ -104,13 +106,58 @@ impl Actor for PlanActor {
         let now = state.clock.now_ms();
         match message {
             PlanMsg::Ready(reply) => {
-                let ids = ready(
+                let ids = ready_in_partition(
                     &state.plan,
                     now,
                     state.config.max_runs_per_tick,
                     state.config.default_timezone,
+                    state.config.partition,
                 );
                 let _ = reply.send(ids);
+            }
+            PlanMsg::ReadyJobs(reply) => {
+                let config = &state.config;
+                let zone = config.default_timezone;
+                let jobs = ready_in_partition(
+                    &state.plan,
+                    now,
+                    config.max_runs_per_tick,
+                    zone,
+                    config.partition,
+                )
+                .iter()
+                .filter_map(|id| job_spec(&state.plan, id, zone))
+                .collect();
+                let next_wake = next_wake(&state.plan, now, zone, config.partition);
+                let _ = reply.send(ReadyJobs { jobs, next_wake });
+            }
+            PlanMsg::Claimed(ids) => {
+                for id in &ids {
+                    state.plan.mark_running(id, now);
+                }
+                state.mark_dirty(&myself);
+            }
+            PlanMsg::AddOutbox(entry) => {
+                warn!(
+                    branch_rule_id = %entry.fence.branch_rule_id,
+                    execution_id = %entry.fence.execution_id,
+                    "📮 Post-process kept in the outbox until the database is back"
+                );
+                state.plan.add_to_outbox(*entry);
+                state.mark_dirty(&myself);
+            }
+            PlanMsg::Outbox(reply) => {
+                let _ = reply.send(state.plan.outbox().to_vec());
+            }
+            PlanMsg::OutboxDelivered { execution_id, row } => {
+                if state.plan.remove_from_outbox(&execution_id) {
+                    if let Some(row) = row {
+                        info!(branch_rule_id = %row.id, %execution_id, "📬 Outbox entry delivered");
+                        state.plan.apply_post_process(row, now);
+                    }
+                    state.mark_dirty(&myself);
+                    state.notify_master();
+                }
             }
             PlanMsg::MarkRunning(id, reply) => {
                 let known = state.plan.mark_running(&id, now);
@@ -124,6 +171,7 @@ impl Actor for PlanActor {
                 state.plan.apply_post_process(row, now);
                 info!(branch_rule_id = %id, "✅ Updated execution plan: workflow {id}");
                 state.mark_dirty(&myself);
+                state.notify_master();
             }
             PlanMsg::ComputeNextRunLocally { id, after, reply } => {
                 let result =
@@ -144,8 +192,12 @@ impl Actor for PlanActor {
                         format_time(Some(next))
                     );
                     state.mark_dirty(&myself);
+                } else if let Err(e) = &result {
+                    warn!(branch_rule_id = %id, "Cannot compute the next run locally: {e}");
                 }
-                let _ = reply.send(result);
+                if let Some(reply) = reply {
+                    let _ = reply.send(result);
+                }
             }
             PlanMsg::Merge(data, reply) if !state.merged_once && data.scope != PlanScope::Full => {
                 // Rule 5 needs the whole database: a delta cannot be the
@@ -160,6 +212,9 @@ impl Actor for PlanActor {
                 let report = state.merge(*data, now);
                 if !report.is_empty() || report.preserved > 0 {
                     state.mark_dirty(&myself);
+                }
+                if !report.is_empty() {
+                    state.notify_master();
                 }
                 let _ = reply.send(report);
             }
@@ -190,6 +245,7 @@ impl PlanState {
             first_refresh: !self.merged_once,
             recent_window: self.config.plan_refresh_interval,
             max_age: self.config.plan_workflow_max_age,
+            action_details_cap: self.config.plan_action_details_cap,
         };
         let report = merge(&mut self.plan, data, now, options);
         self.merged_once = true;
@@ -205,6 +261,13 @@ impl PlanState {
         let stats = self.plan.stats(now);
         publish_gauges(&stats);
         report
+    }
+
+    /// Tells the master to look again: something may have become ready.
+    fn notify_master(&self) {
+        if let Some(master) = self.directory.master() {
+            let _ = master.cast(MasterMsg::PlanChanged);
+        }
     }
 
     /// Debounces snapshots: at most one goes to the writer per

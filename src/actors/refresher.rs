@@ -76,10 +76,16 @@ impl Actor for RefresherActor {
     ) -> Result<(), ActorProcessingErr> {
         match message {
             RefresherMsg::Tick => {
+                state.deliver_outbox().await;
+                state.keep_instances().await;
                 state.refresh().await;
                 myself.send_after(state.config.plan_refresh_interval, || RefresherMsg::Tick);
             }
             RefresherMsg::RefreshNow => state.refresh().await,
+            RefresherMsg::DeliverOutbox(reply) => {
+                let pending = state.deliver_outbox().await;
+                let _ = reply.send(pending);
+            }
             RefresherMsg::Stats(reply) => {
                 let _ = reply.send(state.stats.clone());
             }
@@ -90,6 +96,81 @@ impl Actor for RefresherActor {
 }
 
 impl RefresherState {
+    /// Sends post-process writes the database refused earlier. Stops at the
+    /// first failure: the database is still away. Returns what is pending.
+    async fn deliver_outbox(&mut self) -> usize {
+        let Some(plan) = self.directory.plan() else {
+            return 0;
+        };
+        let Ok(entries) = ask(&plan, PlanMsg::Outbox).await else {
+            return 0;
+        };
+        let mut pending = entries.len();
+        for entry in entries {
+            match self.store.finish(&entry.fence, &entry.finish).await {
+                Ok(row) => {
+                    pending -= 1;
+                    self.stats.outbox_delivered += 1;
+                    if row.is_none() {
+                        warn!(
+                            execution_id = %entry.fence.execution_id,
+                            "📮 Outbox entry fenced out: the claim was taken over meanwhile"
+                        );
+                    }
+                    let _ = plan.cast(PlanMsg::OutboxDelivered {
+                        execution_id: entry.fence.execution_id,
+                        row,
+                    });
+                }
+                Err(e) => {
+                    metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "outbox").increment(1);
+                    debug!("Outbox delivery waits for the database: {e}");
+                    break;
+                }
+            }
+        }
+        pending
+    }
+
+    /// Heartbeats this instance and takes over the claims of instances that
+    /// have been silent for the lock timeout: their running executions are
+    /// failed `worker_lost` and their locks released, so the occurrences
+    /// run again here or elsewhere as new attempts.
+    async fn keep_instances(&mut self) {
+        let now = self.clock.now_ms();
+        let me = &self.config.instance_id;
+        if let Err(e) = self.store.heartbeat(me, now).await {
+            metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "heartbeat").increment(1);
+            debug!("Heartbeat failed: {e}");
+            return;
+        }
+        let timeout = self.config.schedule_lock_timeout.as_millis() as Millis;
+        let stale = match self.store.stale_owners(now, timeout).await {
+            Ok(stale) => stale,
+            Err(e) => {
+                metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "stale_owners").increment(1);
+                debug!("Cannot look for silent instances: {e}");
+                return;
+            }
+        };
+        for owner in stale.into_iter().filter(|owner| owner != me) {
+            match self.store.recover_owner(&owner, now).await {
+                Ok(failed) => {
+                    self.stats.takeovers += 1;
+                    warn!(
+                        instance_id = %owner,
+                        "🧹 Took over from silent instance {owner}: {} execution(s) failed worker_lost",
+                        failed.len()
+                    );
+                }
+                Err(e) => {
+                    metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "takeover").increment(1);
+                    warn!("Takeover of {owner} failed: {e}");
+                }
+            }
+        }
+    }
+
     /// One refresh. Every failure is logged and counted, and the last plan
     /// stays in place: a database outage must never stop the refresher.
     async fn refresh(&mut self) {

@@ -1,12 +1,16 @@
 //! One message enum per actor. Queries end in an `RpcReplyPort` and are made
 //! with a timeout; everything else is a cast.
 
+pub mod master;
 pub mod plan;
 pub mod refresher;
 pub mod supervisor;
+pub mod worker;
 pub mod writer;
 
+pub use master::MasterMsg;
 pub use plan::PlanMsg;
 pub use refresher::RefresherMsg;
 pub use supervisor::SupervisorMsg;
+pub use worker::WorkerMsg;
 pub use writer::WriterMsg;

@@ -2,7 +2,7 @@ use ractor::RpcReplyPort;
 use uuid::Uuid;
 
 use crate::model::{BranchRule, Millis, PlanData};
-use crate::plan::{MergeReport, PlanError, PlanSnapshot, PlanStats};
+use crate::plan::{JobSpec, MergeReport, OutboxEntry, PlanError, PlanSnapshot, PlanStats};
 
 /// Messages of the [`PlanActor`](crate::actors::plan::PlanActor), the single
 /// writer of plan state.
@@ -11,6 +11,12 @@ pub enum PlanMsg {
     /// The ids ready at the clock's now, in (next_run_time, id) order,
     /// capped at MAX_RUNS_PER_TICK.
     Ready(RpcReplyPort<Vec<Uuid>>),
+    /// The ready workflows as job specs, in (next_run_time, id) order within
+    /// this instance's partition, and when the master should look next.
+    ReadyJobs(RpcReplyPort<ReadyJobs>),
+    /// These workflows were just claimed: mark them running so no fetch
+    /// hands them out again (seed 000 "Marking jobs as running").
+    Claimed(Vec<Uuid>),
     /// Marks a workflow as running; replies false when it is unknown.
     MarkRunning(Uuid, RpcReplyPort<bool>),
     /// The branch rule row the database returned after a job's post-process.
@@ -21,7 +27,18 @@ pub enum PlanMsg {
     ComputeNextRunLocally {
         id: Uuid,
         after: Millis,
-        reply: RpcReplyPort<Result<Millis, PlanError>>,
+        reply: Option<RpcReplyPort<Result<Millis, PlanError>>>,
+    },
+    /// A post-process write the database refused: keep it (saved with the
+    /// plan file) until the refresher delivers it.
+    AddOutbox(Box<OutboxEntry>),
+    /// The pending post-process writes, oldest first.
+    Outbox(RpcReplyPort<Vec<OutboxEntry>>),
+    /// An outbox entry landed (with the row the database returned) or was
+    /// fenced out (`None`): drop it.
+    OutboxDelivered {
+        execution_id: Uuid,
+        row: Option<BranchRule>,
     },
     /// Folds a fresh read of the database into the plan (smart merge).
     Merge(Box<PlanData>, RpcReplyPort<MergeReport>),
@@ -36,4 +53,12 @@ pub enum PlanMsg {
     /// Panics inside the actor: the supervision tests and chaos drills use
     /// it to prove a failed PlanActor is rebuilt.
     InjectPanic(String),
+}
+
+/// The answer to [`PlanMsg::ReadyJobs`].
+#[derive(Debug, Clone, Default)]
+pub struct ReadyJobs {
+    pub jobs: Vec<JobSpec>,
+    /// The earliest time something not ready now may become ready.
+    pub next_wake: Option<Millis>,
 }

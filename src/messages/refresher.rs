@@ -11,6 +11,9 @@ pub enum RefresherMsg {
     /// Refresh now rather than at the next tick: the API changed a rule, or
     /// the plan was rebuilt and wants the database's view.
     RefreshNow,
+    /// Delivers the plan's outbox now; replies with how many entries are
+    /// still pending (graceful shutdown).
+    DeliverOutbox(RpcReplyPort<usize>),
     Stats(RpcReplyPort<RefresherStats>),
     /// Panics inside the actor, for supervision tests and chaos drills.
     InjectPanic(String),
@@ -22,4 +25,6 @@ pub struct RefresherStats {
     pub refreshes_failed: u64,
     pub last_success_at: Option<Millis>,
     pub last_error: Option<String>,
+    pub outbox_delivered: u64,
+    pub takeovers: u64,
 }

@@ -23,7 +23,9 @@ pub struct JobStep {
 #[derive(Debug, Clone)]
 pub struct JobSpec {
     pub branch_rule: BranchRule,
-    pub steps: Vec<JobStep>,
+    /// `None` when the plan's capped cache does not hold all of this rule's
+    /// action details: the worker reads them from the database instead.
+    pub steps: Option<Vec<JobStep>>,
     /// The expression and zone to compute the next run from after the job;
     /// `Err` explains why there is none (the job still runs and is recorded).
     pub schedule: Result<(CronSchedule, Tz), String>,
@@ -38,14 +40,15 @@ pub fn in_partition(id: &Uuid, partition: Option<Partition>) -> bool {
 /// The job spec of one workflow, if the plan has it.
 pub fn job_spec(plan: &ExecutionPlan, id: &Uuid, default_zone: Tz) -> Option<JobSpec> {
     let workflow = plan.get(id)?;
-    let steps = plan
-        .action_details(id)
-        .iter()
-        .map(|detail| JobStep {
-            detail: detail.clone(),
-            template: plan.action_template(&detail.action_template_id).cloned(),
-        })
-        .collect();
+    let steps = plan.has_all_action_details(id).then(|| {
+        plan.action_details(id)
+            .iter()
+            .map(|detail| JobStep {
+                detail: detail.clone(),
+                template: plan.action_template(&detail.action_template_id).cloned(),
+            })
+            .collect()
+    });
     Some(JobSpec {
         branch_rule: workflow.branch_rule.clone(),
         steps,
@@ -76,7 +79,9 @@ pub fn next_wake(
             earliest = Some(earliest.map_or(*at, |e| e.min(*at)));
             break;
         }
-        let Some(workflow) = plan.get(id) else { continue };
+        let Some(workflow) = plan.get(id) else {
+            continue;
+        };
         if let Err(NotReady::OutsideWindow { window, .. }) =
             check_ready(plan, workflow, now, default_zone)
         {
@@ -145,18 +150,71 @@ mod tests {
         data.action_details = vec![detail(0x21, 2), detail(0x20, 1)];
         let plan = ExecutionPlan::from_data(data);
         let spec = job_spec(&plan, &fixture.workflow_id, chrono_tz::UTC).unwrap();
-        let positions: Vec<i32> = spec.steps.iter().map(|s| s.detail.position).collect();
+        let steps = spec.steps.unwrap();
+        let positions: Vec<i32> = steps.iter().map(|s| s.detail.position).collect();
         assert_eq!(positions, vec![1, 2]);
-        assert_eq!(spec.steps[0].template.as_ref(), Some(&template));
+        assert_eq!(steps[0].template.as_ref(), Some(&template));
         let (schedule, zone) = spec.schedule.unwrap();
-        assert_eq!((schedule.expression(), zone), ("*/5 * * * *", chrono_tz::UTC));
+        assert_eq!(
+            (schedule.expression(), zone),
+            ("*/5 * * * *", chrono_tz::UTC)
+        );
+    }
+
+    #[test]
+    fn rules_past_the_action_details_cap_are_read_from_the_database() {
+        use crate::plan::{MergeOptions, merge};
+        let fixture = Fixture::due(NOW - 1);
+        let detail = |rule: u128, n: u128| ActionDetail {
+            id: Uuid::from_u128(n),
+            branch_rule_id: Uuid::from_u128(rule),
+            action_template_id: Uuid::from_u128(0x7),
+            position: n as i32,
+            params: json!({}),
+            created_at: 0,
+            updated_at: 0,
+        };
+        let mut data = fixture.data();
+        // Ordered by branch rule id and cut at two: rule 0xA1 is complete,
+        // the cut falls on 0xA2, and the fixture's rule (0xB4) is past it.
+        data.action_details = vec![detail(0xA1, 1), detail(0xA2, 2)];
+        let mut plan = ExecutionPlan::new();
+        let options = MergeOptions {
+            first_refresh: true,
+            action_details_cap: 2,
+            ..MergeOptions::default()
+        };
+        merge(&mut plan, data.clone(), NOW, options);
+        assert!(plan.has_all_action_details(&Uuid::from_u128(0xA1)));
+        assert!(!plan.has_all_action_details(&Uuid::from_u128(0xA2)));
+        assert!(
+            job_spec(&plan, &fixture.workflow_id, chrono_tz::UTC)
+                .unwrap()
+                .steps
+                .is_none()
+        );
+
+        let options = MergeOptions {
+            action_details_cap: 3,
+            ..options
+        };
+        merge(&mut plan, data, NOW, options);
+        let spec = job_spec(&plan, &fixture.workflow_id, chrono_tz::UTC).unwrap();
+        assert_eq!(
+            spec.steps.unwrap().len(),
+            0,
+            "below the cap the cache is complete"
+        );
     }
 
     #[test]
     fn the_master_wakes_at_the_next_due_time_or_window_opening() {
         let fixture = Fixture::due(NOW + 5_000);
         let plan = fixture.plan();
-        assert_eq!(next_wake(&plan, NOW, chrono_tz::UTC, None), Some(NOW + 5_000));
+        assert_eq!(
+            next_wake(&plan, NOW, chrono_tz::UTC, None),
+            Some(NOW + 5_000)
+        );
 
         // Due now but outside its window: wake when the window opens, not now.
         let mut fixture = Fixture::due(NOW - 1);

@@ -16,6 +16,8 @@ use std::collections::{BTreeSet, HashMap};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use crate::store::{Fence, Finish};
+
 use crate::model::{
     ActionDetail, ActionTemplate, Branch, BranchRule, Brand, BrandRule, Millis, PlanData, Rule,
 };
@@ -84,11 +86,25 @@ pub struct PlanStats {
     pub action_details: usize,
 }
 
+/// A job's post-process the database could not take (seed 000: "if the
+/// database update fails"). Kept in the plan, saved with the plan file, and
+/// delivered by the refresher once the database is back. The fence makes a
+/// late delivery harmless: if the claim was lost meanwhile, it changes nothing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OutboxEntry {
+    pub fence: Fence,
+    pub finish: Finish,
+    pub added_at: Millis,
+}
+
 /// What the plan file holds: the plan's tables as lists, so the file is
 /// readable and stable across versions of the in-memory layout.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct PlanSnapshot {
     pub saved_at: Millis,
+    /// Post-process writes still to deliver; see [`OutboxEntry`].
+    #[serde(default)]
+    pub outbox: Vec<OutboxEntry>,
     pub workflows: Vec<Workflow>,
     pub brands: Vec<Brand>,
     pub branches: Vec<Branch>,
@@ -121,6 +137,11 @@ pub struct ExecutionPlan {
     /// Seed 000's workflow cache: action details by branch rule, in position order.
     action_details: HashMap<Uuid, Vec<ActionDetail>>,
     merge_generation: u64,
+    /// Set when the last read hit PLAN_ACTION_DETAILS_CAP: the branch rule
+    /// the cut fell on. Rules from it on have no (or partial) cached details.
+    action_details_cut_at: Option<Uuid>,
+    /// Undelivered post-process writes, oldest first.
+    outbox: Vec<OutboxEntry>,
     /// How many workflows have `missing_since` set, kept so an incremental
     /// refresh can compare the plan's size with the table's in O(1).
     missing: usize,
@@ -163,6 +184,7 @@ impl ExecutionPlan {
         for workflow in snapshot.workflows {
             plan.insert(workflow);
         }
+        plan.outbox = snapshot.outbox;
         plan
     }
 
@@ -172,6 +194,7 @@ impl ExecutionPlan {
         workflows.sort_by_key(Workflow::id);
         PlanSnapshot {
             saved_at,
+            outbox: self.outbox.clone(),
             workflows,
             brands: sorted_values(&self.brands, |b| b.id),
             branches: sorted_values(&self.branches, |b| b.id),
@@ -248,6 +271,12 @@ impl ExecutionPlan {
 
     pub fn action_template(&self, id: &Uuid) -> Option<&ActionTemplate> {
         self.action_templates.get(id)
+    }
+
+    /// Whether the cache holds every action detail of `branch_rule_id`.
+    pub fn has_all_action_details(&self, branch_rule_id: &Uuid) -> bool {
+        self.action_details_cut_at
+            .is_none_or(|cut| *branch_rule_id < cut)
     }
 
     /// The cached action details of a branch rule, in position order.
@@ -346,6 +375,26 @@ impl ExecutionPlan {
             w.branch_rule.next_run_time = Some(next_run_time);
             w.locally_updated_at = Some(now);
         })
+    }
+
+    pub fn outbox(&self) -> &[OutboxEntry] {
+        &self.outbox
+    }
+
+    /// Keeps a post-process write for later delivery. A second entry for the
+    /// same execution replaces the first: only the latest outcome counts.
+    pub fn add_to_outbox(&mut self, entry: OutboxEntry) {
+        self.outbox
+            .retain(|e| e.fence.execution_id != entry.fence.execution_id);
+        self.outbox.push(entry);
+    }
+
+    /// Drops a delivered (or fenced-out) entry; true if it was there.
+    pub fn remove_from_outbox(&mut self, execution_id: &Uuid) -> bool {
+        let before = self.outbox.len();
+        self.outbox
+            .retain(|e| e.fence.execution_id != *execution_id);
+        self.outbox.len() != before
     }
 
     /// Crash recovery: nothing runs in a process that has just started.

@@ -8,8 +8,8 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use super::{ExecutionPlan, Workflow, in_partition};
-use crate::config::Partition;
 use crate::clock::millis_to_utc;
+use crate::config::Partition;
 use crate::model::{Millis, RuleStatus};
 use crate::schedule::{TimeOfDay, Window, local_time_of_day, parse_timezone};
 

@@ -122,12 +122,18 @@ impl<J> JobQueue<J> {
         if !self.queued_ids.contains(id) {
             return None;
         }
-        self.queued.iter().find(|(queued, _)| queued == id).map(|(_, job)| job)
+        self.queued
+            .iter()
+            .find(|(queued, _)| queued == id)
+            .map(|(_, job)| job)
     }
 
     /// The rule of the first queued job matching `matches`.
     pub fn find_queued(&self, matches: impl Fn(&J) -> bool) -> Option<Uuid> {
-        self.queued.iter().find(|(_, job)| matches(job)).map(|(id, _)| *id)
+        self.queued
+            .iter()
+            .find(|(_, job)| matches(job))
+            .map(|(id, _)| *id)
     }
 
     /// Every queued job, oldest first, emptying the queue (shutdown).
@@ -148,7 +154,8 @@ impl<J> JobQueue<J> {
     /// stays as small as the jobs of the last few seconds.
     pub fn prune(&mut self, now: Millis) {
         let window = self.recent_window_ms;
-        self.recently_processed.retain(|_, &mut at| now - at < window);
+        self.recently_processed
+            .retain(|_, &mut at| now - at < window);
     }
 
     pub fn active_execution(&self, id: &Uuid) -> Option<Uuid> {
@@ -219,7 +226,8 @@ mod tests {
             queue.push(id(n), n as u32).unwrap();
         }
         assert_eq!(queue.push(id(2), 99), Err(99));
-        let order: Vec<u32> = std::iter::from_fn(|| queue.start_next(|_| Uuid::nil()).map(|(_, j)| j)).collect();
+        let order: Vec<u32> =
+            std::iter::from_fn(|| queue.start_next(|_| Uuid::nil()).map(|(_, j)| j)).collect();
         assert_eq!(order, vec![1, 2, 3]);
         assert_eq!(queue.push(id(1), 7), Err(7), "active: refused");
     }

@@ -61,13 +61,23 @@ macro_rules! fetch_all_on {
     };
 }
 
+mod batch;
 mod catalog;
+mod claims;
 mod decode;
 mod error;
+mod executions;
+mod instances;
 mod plan_data;
 mod workflows;
 
+pub use batch::{BatchError, DEFAULT_MAX_BATCH, Transition, TransitionBatcher, TransitionOutcome};
 pub use error::{Backend, StoreError};
+pub use executions::{
+    Claim, ClaimRequest, ERROR_CAP_BYTES, ExecutionFilter, Fence, Finish, OUTPUT_CAP_BYTES,
+    WORKER_LOST,
+};
+pub use instances::InstanceRow;
 
 /// SQLite's default busy handler gives up at once; writers from several
 /// tasks (refresher, workers, API) must wait for each other instead.

@@ -1,8 +1,10 @@
 //! branch_rules and action_details.
 
+use super::catalog::decode_action_template;
 use super::decode::{AnyRow, RowReader, id_text, json_text, opt_id_text, opt_time_text};
 use super::{Store, StoreError};
-use crate::model::{ActionDetail, BranchRule};
+use crate::model::{ActionDetail, ActionTemplate, BranchRule};
+use uuid::Uuid;
 
 // ---- branch_rules ----------------------------------------------------------
 
@@ -66,6 +68,14 @@ pub(super) const SELECT_ACTION_DETAILS_CAPPED: &str = "\
 SELECT id, branch_rule_id, action_template_id, position, params, created_at, updated_at \
 FROM action_details ORDER BY branch_rule_id, position, id LIMIT $1";
 
+const SELECT_ACTION_DETAILS_OF_RULE: &str = "\
+SELECT id, branch_rule_id, action_template_id, position, params, created_at, updated_at \
+FROM action_details WHERE branch_rule_id = $1 ORDER BY position, id";
+
+const SELECT_ACTION_TEMPLATES_OF_RULE: &str = "\
+SELECT id, name, kind, config, created_at, updated_at FROM action_templates \
+WHERE id IN (SELECT action_template_id FROM action_details WHERE branch_rule_id = $1)";
+
 pub(super) fn decode_action_detail(row: &impl AnyRow) -> Result<ActionDetail, StoreError> {
     let r = RowReader::new(row, "action_details")?;
     Ok(ActionDetail {
@@ -121,5 +131,59 @@ impl Store {
             detail.updated_at,
         )
         .map(drop)
+    }
+
+    /// A branch rule's action details in position order, each with its
+    /// template (`None` if it is missing): what a worker runs when the
+    /// plan's capped cache does not hold the rule's details.
+    pub async fn action_steps(
+        &self,
+        branch_rule_id: Uuid,
+    ) -> Result<Vec<(ActionDetail, Option<ActionTemplate>)>, StoreError> {
+        let id = id_text(branch_rule_id);
+        let (details, templates) = match self {
+            Store::Sqlite(pool) => (
+                fetch_all_on!(
+                    pool,
+                    "load action details",
+                    decode_action_detail,
+                    SELECT_ACTION_DETAILS_OF_RULE,
+                    &id
+                )?,
+                fetch_all_on!(
+                    pool,
+                    "load action templates",
+                    decode_action_template,
+                    SELECT_ACTION_TEMPLATES_OF_RULE,
+                    &id
+                )?,
+            ),
+            Store::Postgres(pool) => (
+                fetch_all_on!(
+                    pool,
+                    "load action details",
+                    decode_action_detail,
+                    SELECT_ACTION_DETAILS_OF_RULE,
+                    &id
+                )?,
+                fetch_all_on!(
+                    pool,
+                    "load action templates",
+                    decode_action_template,
+                    SELECT_ACTION_TEMPLATES_OF_RULE,
+                    &id
+                )?,
+            ),
+        };
+        Ok(details
+            .into_iter()
+            .map(|detail| {
+                let template = templates
+                    .iter()
+                    .find(|t| t.id == detail.action_template_id)
+                    .cloned();
+                (detail, template)
+            })
+            .collect())
     }
 }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use ractor::{ActorRef, Message};
 
 use super::ActorKind;
-use crate::messages::{PlanMsg, RefresherMsg, SupervisorMsg, WriterMsg};
+use crate::messages::{MasterMsg, PlanMsg, RefresherMsg, SupervisorMsg, WriterMsg};
 
 #[derive(Clone)]
 pub struct Directory {
@@ -59,6 +59,10 @@ impl Directory {
 
     pub fn refresher(&self) -> Option<ActorRef<RefresherMsg>> {
         self.find(ActorKind::Refresher)
+    }
+
+    pub fn master(&self) -> Option<ActorRef<MasterMsg>> {
+        self.find(ActorKind::Master)
     }
 
     pub fn supervisor(&self) -> Option<ActorRef<SupervisorMsg>> {

@@ -14,6 +14,7 @@ pub mod policy;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
 use serde::Serialize;
@@ -23,16 +24,18 @@ use tracing::{error, info, warn};
 pub use directory::Directory;
 pub use policy::{RestartDecision, RestartPolicy, backoff};
 
+use crate::actions::ActionRegistry;
+use crate::actors::master::{MasterActor, MasterArgs};
 use crate::actors::plan::{PlanActor, PlanArgs};
 use crate::actors::refresher::{RefresherActor, RefresherArgs};
 use crate::actors::writer::{WriterActor, WriterArgs};
-use crate::actors::{AskError, ask};
+use crate::actors::{AskError, ask, ask_within};
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::messages::supervisor::SupervisorStats;
-use crate::messages::{PlanMsg, SupervisorMsg, WriterMsg};
+use crate::messages::{MasterMsg, PlanMsg, RefresherMsg, SupervisorMsg, WriterMsg};
 use crate::metrics as m;
-use crate::store::Store;
+use crate::store::{Store, TransitionBatcher};
 
 /// The long-lived actors under the root supervisor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -41,19 +44,26 @@ pub enum ActorKind {
     Plan,
     Writer,
     Refresher,
+    Master,
 }
 
 impl ActorKind {
     /// Start order: the writer before the plan (the plan hands it snapshots),
     /// the plan before the refresher (the refresher merges into it).
-    pub const START_ORDER: [ActorKind; 3] =
-        [ActorKind::Writer, ActorKind::Plan, ActorKind::Refresher];
+    /// …and the master last: it dispatches from the plan.
+    pub const START_ORDER: [ActorKind; 4] = [
+        ActorKind::Writer,
+        ActorKind::Plan,
+        ActorKind::Refresher,
+        ActorKind::Master,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             ActorKind::Plan => "plan",
             ActorKind::Writer => "writer",
             ActorKind::Refresher => "refresher",
+            ActorKind::Master => "master",
         }
     }
 }
@@ -88,6 +98,8 @@ pub struct SupervisorArgs {
     pub config: Arc<Config>,
     pub clock: Clock,
     pub store: Store,
+    pub batcher: TransitionBatcher,
+    pub registry: ActionRegistry,
     pub directory: Directory,
     pub escalations: mpsc::UnboundedSender<Escalation>,
 }
@@ -236,6 +248,20 @@ impl SupervisorState {
                     .0
                     .get_cell()
             }
+            ActorKind::Master => {
+                let args = MasterArgs {
+                    config: Arc::clone(&a.config),
+                    clock: a.clock,
+                    store: a.store.clone(),
+                    batcher: a.batcher.clone(),
+                    registry: a.registry.clone(),
+                    directory: a.directory.clone(),
+                };
+                Actor::spawn_linked(name, MasterActor, args, supervisor)
+                    .await?
+                    .0
+                    .get_cell()
+            }
         };
         self.children.insert(cell.get_id(), kind);
         self.alive.insert(kind, cell);
@@ -284,6 +310,26 @@ impl SupervisorState {
     /// before the writer goes.
     async fn shutdown(&mut self) {
         self.shutting_down = true;
+        if let Some(master) = self.args.directory.master() {
+            info!("Stopping dispatch; waiting for running jobs");
+            let grace = self.args.config.shutdown_grace;
+            // The drain itself cancels jobs at the end of the grace period;
+            // the extra time covers their cancellation being recorded.
+            let wait = grace + Duration::from_secs(10);
+            match ask_within(&master, wait, |reply| MasterMsg::Drain { grace, reply }).await {
+                Ok(report) => info!(
+                    "Jobs settled: {} finished, {} cancelled after the grace period, {} cancelled before the handoff",
+                    report.finished_in_grace,
+                    report.cancelled_after_grace,
+                    report.cancelled_before_handoff
+                ),
+                Err(e) => warn!("⚠️ The master did not drain: {e}"),
+            }
+        }
+        if let Some(refresher) = self.args.directory.refresher() {
+            // One last delivery attempt for the outbox before the plan is saved.
+            let _ = ask(&refresher, RefresherMsg::DeliverOutbox).await;
+        }
         if let Some(refresher) = self.alive.get(&ActorKind::Refresher) {
             info!("Stopping the refresher");
             let _ = refresher.stop_and_wait(Some("shutdown".into()), None).await;
@@ -295,7 +341,7 @@ impl SupervisorState {
             ),
             Err(e) => warn!("⚠️ Could not write the plan at shutdown: {e}"),
         }
-        for kind in [ActorKind::Plan, ActorKind::Writer] {
+        for kind in [ActorKind::Master, ActorKind::Plan, ActorKind::Writer] {
             if let Some(cell) = self.alive.get(&kind) {
                 info!("Stopping the {kind} actor");
                 let _ = cell.stop_and_wait(Some("shutdown".into()), None).await;

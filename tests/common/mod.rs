@@ -33,6 +33,7 @@
 //! Tests never sleep to wait for something: use [`eventually`].
 #![allow(dead_code)]
 
+pub mod rules;
 pub mod service;
 
 use std::future::Future;

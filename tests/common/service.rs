@@ -31,6 +31,21 @@ pub fn test_config(database_url: &str, dir: &std::path::Path) -> Config {
     }
 }
 
+/// Sends the service's logs to the test harness, which shows them only
+/// for failing tests. `RUST_LOG` filters as usual (default: info).
+pub fn init_logs() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_test_writer()
+            .with_ansi(false)
+            .try_init();
+    });
+}
+
 pub async fn start_service(database_url: &str) -> RunningService {
     start_service_with(database_url, |config| config).await
 }
@@ -40,6 +55,7 @@ pub async fn start_service_with(
     database_url: &str,
     adjust: impl FnOnce(Config) -> Config,
 ) -> RunningService {
+    init_logs();
     let dir = tempfile::tempdir().unwrap();
     let config = adjust(test_config(database_url, dir.path()));
     let service = Service::start(config, Clock::system()).await.unwrap();

@@ -1,0 +1,627 @@
+//! The MasterActor (seed 004): finds due work, claims it, queues it and
+//! hands it to workers, which it supervises.
+//!
+//! It wakes at the earliest of: the next due time or window opening in the
+//! plan, a plan change, a free worker, and MASTER_FETCH_INTERVAL_SECONDS,
+//! so a rule starts within milliseconds of its due time.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use tokio::task::JoinSet;
+use tracing::{debug, error, info, warn};
+use uuid::Uuid;
+
+use crate::actions::ActionRegistry;
+use crate::actors::ask;
+use crate::actors::worker::{WorkerActor, WorkerArgs, next_run_after};
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::messages::master::{CancelOutcome, DrainReport, ForceStopOutcome, JobReport};
+use crate::messages::worker::{CancelReason, Job};
+use crate::messages::{MasterMsg, PlanMsg, WorkerMsg};
+use crate::metrics as m;
+use crate::model::{ExecutionStatus, Millis};
+use crate::plan::OutboxEntry;
+use crate::queue::JobQueue;
+use crate::store::{ClaimRequest, Fence, Finish, Store, TransitionBatcher};
+use crate::supervision::Directory;
+
+pub struct MasterActor;
+
+pub struct MasterArgs {
+    pub config: Arc<Config>,
+    pub clock: Clock,
+    pub store: Store,
+    pub batcher: TransitionBatcher,
+    pub registry: ActionRegistry,
+    pub directory: Directory,
+}
+
+struct BusyWorker {
+    worker: ActorRef<WorkerMsg>,
+    job: Box<Job>,
+}
+
+struct Drain {
+    reply: Option<RpcReplyPort<DrainReport>>,
+    report: DrainReport,
+    deadline_passed: bool,
+}
+
+pub struct MasterState {
+    args: MasterArgs,
+    queue: JobQueue<Box<Job>>,
+    idle: VecDeque<ActorRef<WorkerMsg>>,
+    busy: HashMap<ActorId, BusyWorker>,
+    /// Workers started and not yet stopped (idle, busy, or between the two).
+    alive: HashMap<ActorId, ActorRef<WorkerMsg>>,
+    next_worker_number: u64,
+    tick_generation: u64,
+    next_tick_at: Option<Millis>,
+    started: bool,
+    drain: Option<Drain>,
+}
+
+impl Actor for MasterActor {
+    type Msg = MasterMsg;
+    type State = MasterState;
+    type Arguments = MasterArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<MasterMsg>,
+        args: MasterArgs,
+    ) -> Result<MasterState, ActorProcessingErr> {
+        let config = &args.config;
+        // Staggered start-up (seed 004): workers do not all load at once.
+        for i in 0..config.worker_count {
+            myself.send_after(config.worker_stagger * i as u32, || MasterMsg::SpawnWorker);
+        }
+        metrics::gauge!(m::WORKERS, "state" => "configured").set(config.worker_count as f64);
+        info!(
+            workers = config.worker_count,
+            single_job_mode = config.worker_single_job_mode,
+            "👑 Master starting; first fetch in {:?}",
+            config.master_grace_period
+        );
+        let grace = config.master_grace_period;
+        let mut state = MasterState {
+            queue: JobQueue::new(config.recently_processed.as_millis() as Millis),
+            args,
+            idle: VecDeque::new(),
+            busy: HashMap::new(),
+            alive: HashMap::new(),
+            next_worker_number: 1,
+            tick_generation: 0,
+            next_tick_at: None,
+            started: false,
+            drain: None,
+        };
+        state.schedule_tick(&myself, grace);
+        Ok(state)
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<MasterMsg>,
+        message: MasterMsg,
+        state: &mut MasterState,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            MasterMsg::Tick(generation) => {
+                if generation != state.tick_generation {
+                    return Ok(());
+                }
+                state.next_tick_at = None;
+                state.started = true;
+                state.tick(&myself).await;
+            }
+            MasterMsg::PlanChanged => {
+                if state.started {
+                    state.schedule_tick(&myself, Duration::ZERO);
+                }
+            }
+            MasterMsg::SpawnWorker => state.spawn_worker(&myself).await,
+            MasterMsg::JobFinished(report) => state.job_finished(&myself, report),
+            MasterMsg::Cancel {
+                execution_id,
+                reply,
+            } => {
+                let outcome = state.cancel_execution(execution_id).await;
+                let _ = reply.send(outcome);
+            }
+            MasterMsg::ForceStop {
+                branch_rule_id,
+                reply,
+            } => {
+                let outcome = state.force_stop(branch_rule_id).await;
+                let _ = reply.send(outcome);
+            }
+            MasterMsg::Stats(reply) => {
+                let _ = reply.send(state.stats());
+            }
+            MasterMsg::Drain { grace, reply } => state.start_drain(&myself, grace, reply).await,
+            MasterMsg::DrainDeadline => state.drain_deadline(),
+            MasterMsg::InjectPanic(reason) => panic!("{reason}"),
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<MasterMsg>,
+        event: SupervisionEvent,
+        state: &mut MasterState,
+    ) -> Result<(), ActorProcessingErr> {
+        // Workers stop after every job in single-job mode, so a terminated
+        // worker is routine; ractor's default would stop the master.
+        let (cell, failure) = match event {
+            SupervisionEvent::ActorTerminated(cell, _, _) => (cell, None),
+            SupervisionEvent::ActorFailed(cell, error) => (cell, Some(error.to_string())),
+            _ => return Ok(()),
+        };
+        state.worker_gone(&myself, cell.get_id(), failure).await;
+        Ok(())
+    }
+}
+
+impl MasterState {
+    /// Arms the wake-up timer for `after` from now, unless an earlier one is
+    /// already armed. Each arming bumps the generation, so only the newest
+    /// timer's tick counts.
+    fn schedule_tick(&mut self, myself: &ActorRef<MasterMsg>, after: Duration) {
+        let at = self.args.clock.now_ms() + after.as_millis() as Millis;
+        if self.next_tick_at.is_some_and(|armed| armed <= at) {
+            return;
+        }
+        self.tick_generation += 1;
+        self.next_tick_at = Some(at);
+        let generation = self.tick_generation;
+        myself.send_after(after, move || MasterMsg::Tick(generation));
+    }
+
+    async fn tick(&mut self, myself: &ActorRef<MasterMsg>) {
+        let fetch_interval = self.args.config.master_fetch_interval;
+        if self.drain.is_some() {
+            return;
+        }
+        let next_wake = self.fetch().await;
+        self.dispatch().await;
+        let now = self.args.clock.now_ms();
+        let queue_interval = fetch_interval.as_millis() as Millis;
+        let wake_in = next_wake.map_or(queue_interval, |at| (at - now).clamp(0, queue_interval));
+        self.schedule_tick(myself, Duration::from_millis(wake_in as u64));
+        self.queue.prune(now);
+        self.publish_gauges();
+    }
+
+    /// Fetches the ready set, deduplicates, claims and queues. Returns when
+    /// the plan says to look again. Claims fail closed: with the database
+    /// down nothing is queued.
+    async fn fetch(&mut self) -> Option<Millis> {
+        let Some(plan) = self.args.directory.plan() else {
+            return None;
+        };
+        let ready = match ask(&plan, PlanMsg::ReadyJobs).await {
+            Ok(ready) => ready,
+            Err(e) => {
+                warn!("Cannot read the ready set: {e}");
+                return None;
+            }
+        };
+        let now = self.args.clock.now_ms();
+        let mut admitted = Vec::new();
+        for spec in ready.jobs {
+            let id = spec.branch_rule.id;
+            match self
+                .queue
+                .admit(id, now, spec.branch_rule.is_currently_running)
+            {
+                Ok(()) => admitted.push(spec),
+                Err(reason) => {
+                    metrics::counter!(m::JOBS_DEDUPLICATED_TOTAL, "reason" => reason.as_str())
+                        .increment(1);
+                }
+            }
+        }
+        if admitted.is_empty() {
+            return ready.next_wake;
+        }
+        let holder = self.args.config.instance_id.clone();
+        let lock_timeout_ms = self.args.config.schedule_lock_timeout.as_millis() as Millis;
+        let requests: Vec<ClaimRequest> = admitted
+            .iter()
+            .map(|spec| ClaimRequest {
+                branch_rule_id: spec.branch_rule.id,
+                holder: holder.clone(),
+                now,
+                lock_timeout_ms,
+                execution_id: Uuid::new_v4(),
+                run_now: false,
+            })
+            .collect();
+        let claims = match self.args.store.claim_batch(&requests).await {
+            Ok(claims) => claims,
+            Err(e) => {
+                metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "claim").increment(1);
+                metrics::counter!(m::LOCK_CLAIMS_TOTAL, "result" => "error")
+                    .increment(requests.len() as u64);
+                warn!("⚠️ Claims failed, nothing dispatched: {e}");
+                return ready.next_wake;
+            }
+        };
+        let mut claimed_ids = Vec::new();
+        for (spec, claim) in admitted.into_iter().zip(claims) {
+            let Some(claim) = claim else {
+                metrics::counter!(m::LOCK_CLAIMS_TOTAL, "result" => "lost").increment(1);
+                debug!(branch_rule_id = %spec.branch_rule.id, "Claim lost to another instance");
+                continue;
+            };
+            metrics::counter!(m::LOCK_CLAIMS_TOTAL, "result" => "won").increment(1);
+            let id = spec.branch_rule.id;
+            let fence = Fence {
+                execution_id: claim.execution.id,
+                branch_rule_id: id,
+                holder: holder.clone(),
+                epoch: claim.execution.lock_epoch,
+            };
+            let execution_id = claim.execution.id;
+            let job = Box::new(Job {
+                execution: claim.execution,
+                fence,
+                spec,
+            });
+            if self.queue.push(id, job).is_ok() {
+                claimed_ids.push(id);
+                info!(branch_rule_id = %id, %execution_id, "📥 Added job {id}");
+            }
+        }
+        if !claimed_ids.is_empty() {
+            info!("👑 Master fetched {} jobs", claimed_ids.len());
+            let _ = plan.cast(PlanMsg::Claimed(claimed_ids));
+        }
+        ready.next_wake
+    }
+
+    /// Hands queued jobs to idle workers. The Scheduled writes of one round
+    /// go out together so the store can commit them in one batch.
+    async fn dispatch(&mut self) {
+        let mut handoffs = Vec::new();
+        while !self.idle.is_empty() && self.queue.queued_len() > 0 {
+            let worker = self.idle.pop_front().expect("checked non-empty");
+            let (_, job) = self
+                .queue
+                .start_next(|job| job.execution_id())
+                .expect("checked non-empty");
+            handoffs.push((worker, job));
+        }
+        if handoffs.is_empty() {
+            return;
+        }
+        let now = self.args.clock.now_ms();
+        let mut writes = JoinSet::new();
+        for (index, (_, job)) in handoffs.iter().enumerate() {
+            let batcher = self.args.batcher.clone();
+            let fence = job.fence.clone();
+            writes.spawn(async move { (index, batcher.mark_scheduled(&fence, now).await) });
+        }
+        let mut results = vec![None; handoffs.len()];
+        while let Some(joined) = writes.join_next().await {
+            if let Ok((index, result)) = joined {
+                results[index] = Some(result);
+            }
+        }
+        for ((worker, job), result) in handoffs.into_iter().zip(results) {
+            match result {
+                Some(Ok(true)) => {}
+                Some(Ok(false)) => {
+                    // Cancelled or taken over between claim and handoff.
+                    warn!(branch_rule_id = %job.branch_rule_id(), "Claim lost before the handoff");
+                    self.queue.finish(job.branch_rule_id(), now);
+                    self.idle.push_back(worker);
+                    continue;
+                }
+                Some(Err(e)) => {
+                    metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "mark_scheduled").increment(1);
+                    warn!(branch_rule_id = %job.branch_rule_id(), "Scheduled state not recorded: {e}");
+                }
+                None => warn!(branch_rule_id = %job.branch_rule_id(), "Scheduled write was lost"),
+            }
+            if worker.cast(WorkerMsg::Run(job.clone())).is_ok() {
+                self.busy
+                    .insert(worker.get_id(), BusyWorker { worker, job });
+            } else {
+                // The worker died between being idle and the handoff; its
+                // supervision event respawns it. Put the job back in front.
+                self.queue.finish(job.branch_rule_id(), now);
+                warn!(branch_rule_id = %job.branch_rule_id(), "Worker gone at handoff; the job is released");
+                self.release(&job, "worker gone at handoff").await;
+            }
+        }
+    }
+
+    async fn spawn_worker(&mut self, myself: &ActorRef<MasterMsg>) {
+        if self.drain.is_some() || self.alive.len() >= self.args.config.worker_count {
+            return;
+        }
+        let number = self.next_worker_number;
+        self.next_worker_number += 1;
+        let args = WorkerArgs {
+            number,
+            config: Arc::clone(&self.args.config),
+            clock: self.args.clock,
+            store: self.args.store.clone(),
+            batcher: self.args.batcher.clone(),
+            registry: self.args.registry.clone(),
+            directory: self.args.directory.clone(),
+            master: myself.clone(),
+        };
+        match Actor::spawn_linked(None, WorkerActor, args, myself.get_cell()).await {
+            Ok((worker, _)) => {
+                self.alive.insert(worker.get_id(), worker.clone());
+                self.idle.push_back(worker);
+                if self.started {
+                    self.schedule_tick(myself, Duration::ZERO);
+                }
+            }
+            Err(e) => {
+                error!("Worker-{number} did not start: {e}; retrying after the cooldown");
+                myself.send_after(self.args.config.worker_cooldown, || MasterMsg::SpawnWorker);
+            }
+        }
+        self.publish_gauges();
+    }
+
+    fn job_finished(&mut self, myself: &ActorRef<MasterMsg>, report: JobReport) {
+        self.settle(myself, report.worker, report.branch_rule_id);
+    }
+
+    /// Bookkeeping once a worker's job is recorded. Idempotent: a worker
+    /// that stops after its job reports twice (its message and its
+    /// termination), in either order.
+    fn settle(&mut self, myself: &ActorRef<MasterMsg>, worker: ActorId, branch_rule_id: Uuid) {
+        let Some(busy) = self.busy.remove(&worker) else {
+            return;
+        };
+        self.queue.finish(branch_rule_id, self.args.clock.now_ms());
+        if !self.args.config.worker_single_job_mode && self.alive.contains_key(&worker) {
+            self.idle.push_back(busy.worker);
+        }
+        if let Some(drain) = self.drain.as_mut() {
+            if drain.deadline_passed {
+                drain.report.cancelled_after_grace += 1;
+            } else {
+                drain.report.finished_in_grace += 1;
+            }
+        }
+        self.finish_drain_if_done();
+        if self.started && self.drain.is_none() {
+            self.schedule_tick(myself, Duration::ZERO);
+        }
+        self.publish_gauges();
+    }
+
+    /// A worker stopped. A normal stop comes after its job was recorded
+    /// (single-job mode), and may overtake its JobFinished message, since
+    /// supervision events have priority. A failure (panic, error) while it
+    /// held a job means the job was never recorded: it is recorded Failed
+    /// with the reason, and its lock released. Either way a fresh worker
+    /// follows the cooldown.
+    async fn worker_gone(
+        &mut self,
+        myself: &ActorRef<MasterMsg>,
+        id: ActorId,
+        failure: Option<String>,
+    ) {
+        if self.alive.remove(&id).is_none() {
+            return;
+        }
+        self.idle.retain(|worker| worker.get_id() != id);
+        match (failure, self.busy.get(&id).map(|busy| busy.job.clone())) {
+            (None, Some(job)) => self.settle(myself, id, job.branch_rule_id()),
+            (Some(reason), Some(job)) => {
+                error!(
+                    branch_rule_id = %job.branch_rule_id(),
+                    execution_id = %job.execution_id(),
+                    "💥 Worker failed during its job: {reason}"
+                );
+                self.record_lost_job(&job, &reason).await;
+                metrics::counter!(m::JOBS_TOTAL, "outcome" => "failed").increment(1);
+                self.settle(myself, id, job.branch_rule_id());
+            }
+            (Some(reason), None) => error!("💥 Idle worker failed: {reason}"),
+            (None, None) => {}
+        }
+        if self.drain.is_none() {
+            myself.send_after(self.args.config.worker_cooldown, || MasterMsg::SpawnWorker);
+        }
+        self.publish_gauges();
+    }
+
+    /// Records a job whose worker died as Failed, acting for the worker
+    /// (its owner is gone); the fence keeps this from touching a claim
+    /// someone else holds by now.
+    async fn record_lost_job(&mut self, job: &Job, reason: &str) {
+        let now = self.args.clock.now_ms();
+        let finish = Finish {
+            status: ExecutionStatus::Failed,
+            finished_at: now,
+            error: Some(format!("worker failed: {reason}")),
+            output: None,
+            next_run_time: next_run_after(job, now),
+            advance_last_run: true,
+        };
+        self.write_finish(job, finish).await;
+    }
+
+    /// The terminal write for a job that never reached a worker: the
+    /// occurrence is not advanced, so it runs again (as a new attempt).
+    async fn release(&mut self, job: &Job, reason: &str) {
+        let finish = Finish {
+            status: ExecutionStatus::Cancelled,
+            finished_at: self.args.clock.now_ms(),
+            error: Some(reason.to_string()),
+            output: None,
+            next_run_time: None,
+            advance_last_run: false,
+        };
+        self.write_finish(job, finish).await;
+    }
+
+    async fn write_finish(&mut self, job: &Job, finish: Finish) {
+        let plan = self.args.directory.plan();
+        match self.args.batcher.finish(&job.fence, &finish).await {
+            Ok(Some(row)) => {
+                if let Some(plan) = plan {
+                    let _ = plan.cast(PlanMsg::PostProcessed(row));
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "finish").increment(1);
+                warn!(branch_rule_id = %job.branch_rule_id(), "Terminal write kept in the outbox: {e}");
+                if let Some(plan) = plan {
+                    let entry = OutboxEntry {
+                        fence: job.fence.clone(),
+                        finish,
+                        added_at: self.args.clock.now_ms(),
+                    };
+                    let _ = plan.cast(PlanMsg::AddOutbox(Box::new(entry)));
+                }
+            }
+        }
+    }
+
+    /// Cancellation (seed 002): before the handoff the master owns the
+    /// execution and records it Cancelled; after it, the worker does.
+    async fn cancel_execution(&mut self, execution_id: Uuid) -> CancelOutcome {
+        let queued = self
+            .queue
+            .find_queued(|job| job.execution_id() == execution_id);
+        if let Some(branch_rule_id) = queued {
+            if let Some(job) = self.queue.remove_queued(branch_rule_id) {
+                let now = self.args.clock.now_ms();
+                let finish = Finish {
+                    status: ExecutionStatus::Cancelled,
+                    finished_at: now,
+                    error: Some("cancelled before the handoff".to_string()),
+                    output: None,
+                    next_run_time: next_run_after(&job, now),
+                    advance_last_run: false,
+                };
+                self.write_finish(&job, finish).await;
+                self.queue.finish(branch_rule_id, now);
+                metrics::counter!(m::JOBS_TOTAL, "outcome" => "cancelled").increment(1);
+                info!(%branch_rule_id, %execution_id, "🛑 Cancelled before the handoff");
+                return CancelOutcome::CancelledBeforeHandoff;
+            }
+        }
+        let busy = self
+            .busy
+            .values()
+            .find(|busy| busy.job.execution_id() == execution_id);
+        if let Some(busy) = busy {
+            let _ = busy.worker.cast(WorkerMsg::Cancel {
+                execution_id,
+                reason: CancelReason::Requested,
+            });
+            info!(branch_rule_id = %busy.job.branch_rule_id(), %execution_id, "🛑 Cancel sent to the worker");
+            return CancelOutcome::CancelSentToWorker;
+        }
+        CancelOutcome::NotInFlight
+    }
+
+    async fn force_stop(&mut self, branch_rule_id: Uuid) -> Result<ForceStopOutcome, String> {
+        let now = self.args.clock.now_ms();
+        let flag_set = self
+            .args
+            .store
+            .set_force_stopped(branch_rule_id, true, now)
+            .await
+            .map_err(|e| e.to_string())?;
+        let in_flight = self.queue.active_execution(&branch_rule_id).or_else(|| {
+            self.queue
+                .queued(&branch_rule_id)
+                .map(|job| job.execution_id())
+        });
+        let cancel = match in_flight {
+            Some(execution_id) => self.cancel_execution(execution_id).await,
+            None => CancelOutcome::NotInFlight,
+        };
+        if let Some(refresher) = self.args.directory.refresher() {
+            let _ = refresher.cast(crate::messages::RefresherMsg::RefreshNow);
+        }
+        Ok(ForceStopOutcome { flag_set, cancel })
+    }
+
+    fn stats(&self) -> crate::queue::QueueStats {
+        self.queue
+            .stats(self.args.config.worker_count, self.alive.len())
+    }
+
+    fn publish_gauges(&self) {
+        metrics::gauge!(m::QUEUE_SIZE).set(self.queue.queued_len() as f64);
+        metrics::gauge!(m::ACTIVE_JOBS).set(self.queue.active_len() as f64);
+        metrics::gauge!(m::WORKERS, "state" => "alive").set(self.alive.len() as f64);
+        metrics::gauge!(m::WORKERS, "state" => "busy").set(self.busy.len() as f64);
+    }
+
+    async fn start_drain(
+        &mut self,
+        myself: &ActorRef<MasterMsg>,
+        grace: Duration,
+        reply: RpcReplyPort<DrainReport>,
+    ) {
+        info!(
+            "👑 Master draining: no new dispatch; {} job(s) running",
+            self.busy.len()
+        );
+        let mut report = DrainReport::default();
+        for (_, job) in self.queue.drain_queued() {
+            self.release(&job, "cancelled at shutdown before the handoff")
+                .await;
+            report.cancelled_before_handoff += 1;
+        }
+        self.drain = Some(Drain {
+            reply: Some(reply),
+            report,
+            deadline_passed: false,
+        });
+        if !self.busy.is_empty() {
+            myself.send_after(grace, || MasterMsg::DrainDeadline);
+        }
+        self.finish_drain_if_done();
+    }
+
+    fn drain_deadline(&mut self) {
+        let Some(drain) = self.drain.as_mut() else {
+            return;
+        };
+        drain.deadline_passed = true;
+        warn!(
+            "Grace period over: cancelling {} running job(s)",
+            self.busy.len()
+        );
+        for busy in self.busy.values() {
+            let _ = busy.worker.cast(WorkerMsg::Cancel {
+                execution_id: busy.job.execution_id(),
+                reason: CancelReason::Shutdown,
+            });
+        }
+    }
+
+    fn finish_drain_if_done(&mut self) {
+        let Some(drain) = self.drain.as_mut() else {
+            return;
+        };
+        if self.busy.is_empty() {
+            if let Some(reply) = drain.reply.take() {
+                info!("👑 Master drained: {:?}", drain.report);
+                let _ = reply.send(drain.report.clone());
+            }
+        }
+    }
+}

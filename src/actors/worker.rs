@@ -1,0 +1,388 @@
+//! The WorkerActor: runs one job's actions and records the outcome. In
+//! single-job mode (the default) it stops after one job and the master
+//! starts a fresh one, so nothing a job leaves behind outlives it.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef};
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+
+use crate::actions::{ActionCall, ActionError, ActionRegistry};
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::messages::master::JobReport;
+use crate::messages::worker::{CancelReason, Job, JobOutcome};
+use crate::messages::{MasterMsg, PlanMsg, WorkerMsg};
+use crate::metrics as m;
+use crate::model::{ExecutionStatus, Millis};
+use crate::plan::JobStep;
+use crate::plan::OutboxEntry;
+use crate::store::{Finish, Store, TransitionBatcher};
+use crate::supervision::Directory;
+use uuid::Uuid;
+
+/// The whole output of a job is capped too, whatever each action returns.
+pub const JOB_OUTPUT_CAP_BYTES: usize = 64 * 1024;
+
+pub struct WorkerActor;
+
+pub struct WorkerArgs {
+    /// Worker-N in the logs.
+    pub number: u64,
+    pub config: Arc<Config>,
+    pub clock: Clock,
+    pub store: Store,
+    pub batcher: TransitionBatcher,
+    pub registry: ActionRegistry,
+    pub directory: Directory,
+    pub master: ActorRef<MasterMsg>,
+}
+
+struct CurrentJob {
+    job: Box<Job>,
+    cancel: Option<oneshot::Sender<CancelReason>>,
+    cancel_reason: Option<CancelReason>,
+    renewal: JoinHandle<()>,
+    started: Instant,
+}
+
+pub struct WorkerState {
+    args: WorkerArgs,
+    id: ActorId,
+    current: Option<CurrentJob>,
+}
+
+impl Actor for WorkerActor {
+    type Msg = WorkerMsg;
+    type State = WorkerState;
+    type Arguments = WorkerArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<WorkerMsg>,
+        args: WorkerArgs,
+    ) -> Result<WorkerState, ActorProcessingErr> {
+        Ok(WorkerState {
+            args,
+            id: myself.get_id(),
+            current: None,
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<WorkerMsg>,
+        message: WorkerMsg,
+        state: &mut WorkerState,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            WorkerMsg::Run(job) => state.start(&myself, job).await,
+            WorkerMsg::Cancel {
+                execution_id,
+                reason,
+            } => {
+                if let Some(current) = state.current.as_mut() {
+                    if current.job.execution_id() == execution_id {
+                        current.cancel(reason);
+                    }
+                }
+            }
+            WorkerMsg::RenewLock => state.renew_lock().await,
+            WorkerMsg::ActionsDone(outcome) => {
+                state.finish(*outcome).await;
+                if state.args.config.worker_single_job_mode {
+                    myself.stop(Some("single-job mode: job done".into()));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<WorkerMsg>,
+        state: &mut WorkerState,
+    ) -> Result<(), ActorProcessingErr> {
+        // Dropping the job task's cancel sender stops its actions; a stop
+        // with a job still running is the supervisor's business, not ours.
+        if let Some(current) = state.current.take() {
+            current.renewal.abort();
+        }
+        Ok(())
+    }
+}
+
+impl CurrentJob {
+    fn cancel(&mut self, reason: CancelReason) {
+        if let Some(cancel) = self.cancel.take() {
+            self.cancel_reason = Some(reason);
+            let _ = cancel.send(reason);
+        }
+    }
+}
+
+impl WorkerState {
+    async fn start(&mut self, myself: &ActorRef<WorkerMsg>, job: Box<Job>) {
+        let args = &self.args;
+        let now = args.clock.now_ms();
+        let execution_id = job.execution_id();
+        let branch_rule_id = job.branch_rule_id();
+        info!(
+            %branch_rule_id, %execution_id,
+            "👷 Worker-{} pulled job {branch_rule_id}", args.number
+        );
+        match args.batcher.mark_running(&job.fence, now).await {
+            Ok(true) => {}
+            Ok(false) => {
+                // The claim is gone (lock taken over, or cancelled): this
+                // occurrence is someone else's now.
+                warn!(%branch_rule_id, %execution_id, "Worker-{} lost the claim before starting", args.number);
+                self.report(&job, ExecutionStatus::Cancelled);
+                myself.stop(Some("claim lost before start".into()));
+                return;
+            }
+            Err(e) => {
+                // Run anyway: the claim is ours, and the terminal write
+                // records the outcome (or goes to the outbox).
+                metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "mark_running").increment(1);
+                warn!(%branch_rule_id, %execution_id, "Running state not recorded: {e}");
+            }
+        }
+        let lag_ms = (now - job.execution.scheduled_for).max(0);
+        metrics::histogram!(m::DISPATCH_LAG_SECONDS).record(lag_ms as f64 / 1000.0);
+
+        let steps = match job.spec.steps.clone() {
+            Some(steps) => Ok(steps),
+            // Past the plan's action-details cap: read them now.
+            None => args
+                .store
+                .action_steps(branch_rule_id)
+                .await
+                .map(|rows| {
+                    rows.into_iter()
+                        .map(|(detail, template)| JobStep { detail, template })
+                        .collect()
+                })
+                .map_err(|e| format!("cannot read the action details: {e}")),
+        };
+        let (cancel_tx, cancel_rx) = oneshot::channel();
+        let registry = args.registry.clone();
+        let timeout = args.config.schedule_execution_timeout;
+        let execution_id = job.execution_id();
+        let worker = myself.clone();
+        tokio::spawn(async move {
+            let outcome = match steps {
+                Ok(steps) => run_steps(&registry, execution_id, &steps, timeout, cancel_rx).await,
+                Err(error) => JobOutcome {
+                    status: ExecutionStatus::Failed,
+                    error: Some(error),
+                    output: Value::Array(Vec::new()),
+                },
+            };
+            let _ = worker.cast(WorkerMsg::ActionsDone(Box::new(outcome)));
+        });
+        let renew_every = args.config.schedule_lock_timeout / 3;
+        let renewal = myself.send_interval(renew_every, || WorkerMsg::RenewLock);
+        self.current = Some(CurrentJob {
+            job,
+            cancel: Some(cancel_tx),
+            cancel_reason: None,
+            renewal,
+            started: Instant::now(),
+        });
+    }
+
+    async fn renew_lock(&mut self) {
+        let Some(current) = self.current.as_mut() else {
+            return;
+        };
+        let now = self.args.clock.now_ms();
+        match self.args.batcher.renew_lock(&current.job.fence, now).await {
+            Ok(true) => {}
+            Ok(false) => {
+                warn!(
+                    branch_rule_id = %current.job.branch_rule_id(),
+                    execution_id = %current.job.execution_id(),
+                    "🔒 Lock lost while running; cancelling the job"
+                );
+                current.cancel(CancelReason::LockLost);
+            }
+            Err(e) => {
+                // The lock stays ours until it times out; keep running and
+                // try again at the next renewal.
+                metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "renew_lock").increment(1);
+                warn!("Lock renewal failed: {e}");
+            }
+        }
+    }
+
+    /// The post-process: terminal state, last and next run, lock released,
+    /// in one write; the database's row goes back to the plan. If the
+    /// database cannot take it, the plan computes the next run locally and
+    /// keeps the write in its outbox.
+    async fn finish(&mut self, outcome: JobOutcome) {
+        let Some(current) = self.current.take() else {
+            return;
+        };
+        current.renewal.abort();
+        let job = current.job;
+        let args = &self.args;
+        let now = args.clock.now_ms();
+        let execution_id = job.execution_id();
+        let branch_rule_id = job.branch_rule_id();
+        let next_run_time = next_run_after(&job, now);
+        let finish = Finish {
+            status: outcome.status,
+            finished_at: now,
+            error: outcome.error.clone(),
+            output: Some(json!({
+                "worker": format!("Worker-{}", args.number),
+                "steps": outcome.output,
+            })),
+            next_run_time,
+            advance_last_run: true,
+        };
+        let elapsed = current.started.elapsed();
+        if current.cancel_reason == Some(CancelReason::LockLost) {
+            // Another owner holds the occurrence; our write would be fenced
+            // out anyway, so do not pretend to record it.
+            warn!(%branch_rule_id, %execution_id, "Result dropped: the lock was lost");
+            self.report(&job, outcome.status);
+            return;
+        }
+        match args.batcher.finish(&job.fence, &finish).await {
+            Ok(Some(row)) => {
+                if let Some(plan) = args.directory.plan() {
+                    let _ = plan.cast(PlanMsg::PostProcessed(row));
+                }
+            }
+            Ok(None) => {
+                warn!(%branch_rule_id, %execution_id, "Result not recorded: the claim was taken over");
+            }
+            Err(e) => {
+                metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "finish").increment(1);
+                warn!(%branch_rule_id, %execution_id, "Post-process failed, keeping it in the outbox: {e}");
+                if let Some(plan) = args.directory.plan() {
+                    let entry = OutboxEntry {
+                        fence: job.fence.clone(),
+                        finish,
+                        added_at: now,
+                    };
+                    let _ = plan.cast(PlanMsg::AddOutbox(Box::new(entry)));
+                    let _ = plan.cast(PlanMsg::ComputeNextRunLocally {
+                        id: branch_rule_id,
+                        after: now,
+                        reply: None,
+                    });
+                }
+            }
+        }
+        metrics::counter!(m::JOBS_TOTAL, "outcome" => outcome.status.as_str()).increment(1);
+        metrics::histogram!(m::JOB_DURATION_SECONDS).record(elapsed.as_secs_f64());
+        let detail = outcome.error.as_deref().unwrap_or("");
+        info!(
+            %branch_rule_id, %execution_id,
+            "✅ Worker-{} finished job {branch_rule_id}: {} in {} ms {detail}",
+            args.number,
+            outcome.status.as_str(),
+            elapsed.as_millis()
+        );
+        self.report(&job, outcome.status);
+    }
+
+    fn report(&self, job: &Job, status: ExecutionStatus) {
+        let _ = self.args.master.cast(MasterMsg::JobFinished(JobReport {
+            worker: self.id,
+            branch_rule_id: job.branch_rule_id(),
+            execution_id: job.execution_id(),
+            status,
+        }));
+    }
+}
+
+/// The next occurrence strictly after `now`, from the expression and zone
+/// the job carries; `None` leaves next_run_time as it is (and the rule's
+/// problem is in the execution's error).
+pub fn next_run_after(job: &Job, now: Millis) -> Option<Millis> {
+    let (schedule, zone) = job.spec.schedule.as_ref().ok()?;
+    crate::schedule::next_after_millis(schedule, *zone, now).ok()
+}
+
+/// Runs the job's steps in position order; the first failure fails the
+/// job. The whole job is bounded by `timeout` and stops at once when
+/// `cancel` fires: dropping the step's future is what stops it (a command's
+/// process group is killed by its guard).
+pub async fn run_steps(
+    registry: &ActionRegistry,
+    execution_id: Uuid,
+    steps: &[JobStep],
+    timeout: Duration,
+    cancel: oneshot::Receiver<CancelReason>,
+) -> JobOutcome {
+    let mut outputs = Vec::with_capacity(steps.len());
+    let steps = async {
+        for step in steps {
+            let Some(template) = &step.template else {
+                return Err(format!(
+                    "step {}: action template {} is missing",
+                    step.detail.position, step.detail.action_template_id
+                ));
+            };
+            let call = ActionCall::new(execution_id, template, &step.detail);
+            match registry.run(&call).await {
+                Ok(output) => outputs.push(json!({
+                    "position": call.position, "kind": call.kind, "output": output.0
+                })),
+                Err(error) => {
+                    let mut entry = json!({
+                        "position": call.position, "kind": call.kind, "error": error.to_string()
+                    });
+                    if let ActionError::Failed {
+                        output: Some(output),
+                        ..
+                    } = &error
+                    {
+                        entry["output"] = output.clone();
+                    }
+                    outputs.push(entry);
+                    return Err(format!("step {} ({}): {error}", call.position, call.kind));
+                }
+            }
+        }
+        Ok(())
+    };
+    let (status, error) = tokio::select! {
+        result = steps => match result {
+            Ok(()) => (ExecutionStatus::Completed, None),
+            Err(message) => (ExecutionStatus::Failed, Some(message)),
+        },
+        reason = cancel => match reason {
+            Ok(reason) => (ExecutionStatus::Cancelled, Some(format!("cancelled: {reason:?}"))),
+            // The worker went away without cancelling: record it as lost.
+            Err(_) => (ExecutionStatus::Failed, Some("worker_lost".to_string())),
+        },
+        _ = tokio::time::sleep(timeout) => (
+            ExecutionStatus::TimedOut,
+            Some(format!("timed out after {} s (SCHEDULE_EXECUTION_TIMEOUT_SECONDS)", timeout.as_secs_f64())),
+        ),
+    };
+    JobOutcome {
+        status,
+        error,
+        output: cap_output(Value::Array(outputs)),
+    }
+}
+
+/// Keeps the stored output bounded: past the cap only a marker remains.
+fn cap_output(output: Value) -> Value {
+    let size = serde_json::to_vec(&output).map_or(0, |bytes| bytes.len());
+    if size <= JOB_OUTPUT_CAP_BYTES {
+        output
+    } else {
+        json!({"truncated": true, "bytes": size, "cap": JOB_OUTPUT_CAP_BYTES})
+    }
+}

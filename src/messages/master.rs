@@ -1,0 +1,79 @@
+use std::time::Duration;
+
+use ractor::{ActorId, RpcReplyPort};
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::model::ExecutionStatus;
+use crate::queue::QueueStats;
+
+/// Messages of the [`MasterActor`](crate::actors::master::MasterActor).
+#[derive(Debug)]
+pub enum MasterMsg {
+    /// Fetch ready rules, claim, queue and dispatch. Carries the generation
+    /// of the timer that sent it; a tick superseded by an earlier wake-up is
+    /// ignored.
+    Tick(u64),
+    /// The plan changed (a refresh, a finished job): look again now.
+    PlanChanged,
+    /// Start one worker actor (at start-up, staggered; after a cooldown).
+    SpawnWorker,
+    /// A worker finished its job and recorded it.
+    JobFinished(JobReport),
+    /// Cancels an execution: before the handoff the master records it
+    /// Cancelled; after it, the worker is told to cancel.
+    Cancel {
+        execution_id: Uuid,
+        reply: RpcReplyPort<CancelOutcome>,
+    },
+    /// Sets is_force_stopped on a branch rule and cancels its in-flight run.
+    ForceStop {
+        branch_rule_id: Uuid,
+        reply: RpcReplyPort<Result<ForceStopOutcome, String>>,
+    },
+    Stats(RpcReplyPort<QueueStats>),
+    /// Graceful stop: dispatch nothing more, cancel queued jobs, let running
+    /// jobs finish within `grace`, then cancel them. Replies when no job is
+    /// left in flight.
+    Drain {
+        grace: Duration,
+        reply: RpcReplyPort<DrainReport>,
+    },
+    /// The drain's grace period is over: cancel what still runs.
+    DrainDeadline,
+    /// Panics inside the actor, for supervision tests and chaos drills.
+    InjectPanic(String),
+}
+
+/// What a worker reports when its job is recorded.
+#[derive(Debug, Clone)]
+pub struct JobReport {
+    pub worker: ActorId,
+    pub branch_rule_id: Uuid,
+    pub execution_id: Uuid,
+    pub status: ExecutionStatus,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CancelOutcome {
+    /// It was still queued; the master recorded it Cancelled.
+    CancelledBeforeHandoff,
+    /// A worker runs it and was told to cancel; it records the outcome.
+    CancelSentToWorker,
+    /// This instance has no such execution in flight.
+    NotInFlight,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ForceStopOutcome {
+    pub flag_set: bool,
+    pub cancel: CancelOutcome,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct DrainReport {
+    pub cancelled_before_handoff: usize,
+    pub finished_in_grace: usize,
+    pub cancelled_after_grace: usize,
+}

@@ -1,0 +1,60 @@
+use uuid::Uuid;
+
+use crate::model::Execution;
+use crate::plan::JobSpec;
+use crate::store::Fence;
+
+/// One claimed occurrence handed to a worker: after this message the worker
+/// owns the execution's state (seed 002's handoff).
+#[derive(Debug, Clone)]
+pub struct Job {
+    /// The execution row as the claim inserted it.
+    pub execution: Execution,
+    /// Proof of the claim; every write the job makes carries it.
+    pub fence: Fence,
+    pub spec: JobSpec,
+}
+
+impl Job {
+    pub fn branch_rule_id(&self) -> Uuid {
+        self.spec.branch_rule.id
+    }
+
+    pub fn execution_id(&self) -> Uuid {
+        self.execution.id
+    }
+}
+
+/// Why a running job is being cancelled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CancelReason {
+    /// An operator asked (API, force-stop).
+    Requested,
+    /// The service is stopping and the grace period is over.
+    Shutdown,
+    /// Lock renewal found the lock gone: another owner may run it.
+    LockLost,
+}
+
+/// The result of a job's actions, before it is recorded.
+#[derive(Debug, Clone)]
+pub struct JobOutcome {
+    pub status: crate::model::ExecutionStatus,
+    pub error: Option<String>,
+    pub output: serde_json::Value,
+}
+
+/// Messages of the [`WorkerActor`](crate::actors::worker::WorkerActor).
+#[derive(Debug)]
+pub enum WorkerMsg {
+    /// The handoff.
+    Run(Box<Job>),
+    Cancel {
+        execution_id: Uuid,
+        reason: CancelReason,
+    },
+    /// Renew the claim's lock_time (every third of the lock timeout).
+    RenewLock,
+    /// The actions finished (sent by the worker's own job task).
+    ActionsDone(Box<JobOutcome>),
+}

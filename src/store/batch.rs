@@ -1,0 +1,279 @@
+//! Group commit of lifecycle writes.
+//!
+//! On SQLite the cost of a write is the commit, not the statement: one
+//! transaction per transition caps the engine far below its target rate.
+//! [`TransitionBatcher`] funnels the transitions of many concurrent callers
+//! into one background task that runs everything pending in ONE transaction
+//! and answers each caller with its own result. Every transition is still
+//! its own fenced, status-guarded statement(s), so batching changes when
+//! writes commit, never what they do.
+//!
+//! There is no flush timer: the task starts a transaction as soon as it has
+//! anything and takes whatever queued up meanwhile (up to the bound) into
+//! the next, so a lone caller waits one commit and a crowd shares commits.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, oneshot};
+
+use super::claims::postgres as postgres_ops;
+use super::claims::sqlite as sqlite_ops;
+use super::claims::{begin_sqlite_write, end_tx};
+use super::executions::{Claim, ClaimRequest, Fence, Finish};
+use super::{Store, StoreError};
+use crate::model::{BranchRule, Millis};
+
+/// Default bound of one transaction: large enough to amortise a commit over
+/// hundreds of writes, small enough that the write lock is held briefly.
+pub const DEFAULT_MAX_BATCH: usize = 512;
+
+/// One lifecycle write. Serializable so an engine can keep unsent ones in
+/// its outbox.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "transition")]
+pub enum Transition {
+    /// Pending → Requested ([`Store::claim`]).
+    Claim(ClaimRequest),
+    /// Requested → Scheduled ([`Store::mark_scheduled`]).
+    Scheduled { fence: Fence, now: Millis },
+    /// Scheduled → Running ([`Store::mark_running`]).
+    Running { fence: Fence, now: Millis },
+    /// [`Store::renew_lock`].
+    RenewLock { fence: Fence, now: Millis },
+    /// → terminal, lock released ([`Store::finish`]).
+    Finish { fence: Fence, finish: Finish },
+}
+
+/// What a [`Transition`] did, as the matching `Store` method returns it.
+// Each outcome is moved once, straight to its caller: boxing the large
+// variants would only add an allocation.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq)]
+pub enum TransitionOutcome {
+    Claimed(Option<Claim>),
+    /// Scheduled, Running, RenewLock: `false` when the fence or status did
+    /// not match.
+    Applied(bool),
+    Finished(Option<BranchRule>),
+}
+
+/// The error a batched caller gets. Shared because one failed commit is
+/// every member's failure; `is_transient()` and the message are the
+/// store's own, reachable through `Deref`.
+pub type BatchError = Arc<StoreError>;
+
+struct Request {
+    transition: Transition,
+    reply: oneshot::Sender<Result<TransitionOutcome, BatchError>>,
+}
+
+/// A handle to the group-commit task. Cheap to clone; the task ends when
+/// the last handle is dropped.
+#[derive(Debug, Clone)]
+pub struct TransitionBatcher {
+    requests: mpsc::Sender<Request>,
+}
+
+impl TransitionBatcher {
+    /// Spawns the task on the current tokio runtime with
+    /// [`DEFAULT_MAX_BATCH`].
+    pub fn new(store: Store) -> TransitionBatcher {
+        TransitionBatcher::with_max_batch(store, DEFAULT_MAX_BATCH)
+    }
+
+    /// Spawns the task; at most `max_batch` (at least 1) transitions share
+    /// a transaction.
+    pub fn with_max_batch(store: Store, max_batch: usize) -> TransitionBatcher {
+        let max_batch = max_batch.max(1);
+        // Callers wait for room beyond a few batches: backpressure instead
+        // of an unbounded queue when the database is slower than the engine.
+        let (requests, receiver) = mpsc::channel(max_batch * 4);
+        tokio::spawn(run(store, receiver, max_batch));
+        TransitionBatcher { requests }
+    }
+
+    /// Submits any transition and waits for its own result.
+    ///
+    /// Item-level errors (a refused constraint, a bad status) reach only
+    /// their caller; the rest of the batch is re-run without them. Errors
+    /// of the transaction itself (database unreachable, busy, commit
+    /// failed) reach every member of that batch, unretried: the engine's
+    /// outbox retries, and a commit that failed in flight may have landed.
+    pub async fn submit(&self, transition: Transition) -> Result<TransitionOutcome, BatchError> {
+        let (reply, answer) = oneshot::channel();
+        let request = Request { transition, reply };
+        if self.requests.send(request).await.is_err() {
+            return Err(closed());
+        }
+        answer.await.unwrap_or_else(|_| Err(closed()))
+    }
+
+    /// [`Store::claim`], group-committed.
+    pub async fn claim(&self, req: &ClaimRequest) -> Result<Option<Claim>, BatchError> {
+        match self.submit(Transition::Claim(req.clone())).await? {
+            TransitionOutcome::Claimed(claim) => Ok(claim),
+            other => unreachable!("claim answered with {other:?}"),
+        }
+    }
+
+    /// [`Store::mark_scheduled`], group-committed.
+    pub async fn mark_scheduled(&self, fence: &Fence, now: Millis) -> Result<bool, BatchError> {
+        let fence = fence.clone();
+        self.applied(Transition::Scheduled { fence, now }).await
+    }
+
+    /// [`Store::mark_running`], group-committed.
+    pub async fn mark_running(&self, fence: &Fence, now: Millis) -> Result<bool, BatchError> {
+        let fence = fence.clone();
+        self.applied(Transition::Running { fence, now }).await
+    }
+
+    /// [`Store::renew_lock`], group-committed.
+    pub async fn renew_lock(&self, fence: &Fence, now: Millis) -> Result<bool, BatchError> {
+        let fence = fence.clone();
+        self.applied(Transition::RenewLock { fence, now }).await
+    }
+
+    /// [`Store::finish`], group-committed.
+    pub async fn finish(
+        &self,
+        fence: &Fence,
+        finish: &Finish,
+    ) -> Result<Option<BranchRule>, BatchError> {
+        let transition = Transition::Finish {
+            fence: fence.clone(),
+            finish: finish.clone(),
+        };
+        match self.submit(transition).await? {
+            TransitionOutcome::Finished(row) => Ok(row),
+            other => unreachable!("finish answered with {other:?}"),
+        }
+    }
+
+    async fn applied(&self, transition: Transition) -> Result<bool, BatchError> {
+        match self.submit(transition).await? {
+            TransitionOutcome::Applied(applied) => Ok(applied),
+            other => unreachable!("transition answered with {other:?}"),
+        }
+    }
+}
+
+/// The task is gone: the runtime is shutting down or the store was closed.
+fn closed() -> BatchError {
+    Arc::new(StoreError::Query {
+        op: "transition batch",
+        error: sqlx::Error::PoolClosed,
+    })
+}
+
+async fn run(store: Store, mut receiver: mpsc::Receiver<Request>, max_batch: usize) {
+    let mut batch = Vec::with_capacity(max_batch);
+    while let Some(first) = receiver.recv().await {
+        batch.push(first);
+        drain(&mut receiver, &mut batch, max_batch);
+        if batch.len() < max_batch {
+            // Callers just answered by the previous commit are runnable and
+            // about to submit their next transition; one turn of the
+            // scheduler lets them join this batch instead of forming a
+            // straggler batch of their own. Not a timer: when nobody else
+            // is runnable this returns at once.
+            tokio::task::yield_now().await;
+            drain(&mut receiver, &mut batch, max_batch);
+        }
+        // A caller that stopped waiting (timed out, cancelled) must not have
+        // its write land behind its back: it may already be in its outbox.
+        batch.retain(|request| !request.reply.is_closed());
+        let t = std::time::Instant::now();
+        let size = batch.len();
+        run_batch(&store, &mut batch).await;
+        if std::env::var("PROBE").is_ok() {
+            eprintln!("PROBE batch {size} {:?}", t.elapsed());
+        }
+        batch.clear();
+    }
+}
+
+fn drain(receiver: &mut mpsc::Receiver<Request>, batch: &mut Vec<Request>, max_batch: usize) {
+    while batch.len() < max_batch {
+        match receiver.try_recv() {
+            Ok(request) => batch.push(request),
+            Err(_) => break,
+        }
+    }
+}
+
+/// How one attempt at a whole batch ended.
+enum Failure {
+    /// Item `index` failed; the transaction was rolled back.
+    Item { index: usize, error: StoreError },
+    /// Begin or commit failed.
+    Transaction(StoreError),
+}
+
+async fn run_batch(store: &Store, batch: &mut Vec<Request>) {
+    while !batch.is_empty() {
+        match try_batch(store, batch).await {
+            Ok(outcomes) => {
+                for (request, outcome) in batch.drain(..).zip(outcomes) {
+                    let _ = request.reply.send(Ok(outcome));
+                }
+                return;
+            }
+            Err(Failure::Item { index, error }) if !error.is_transient() => {
+                // This item's own fault: answer it and re-run the others,
+                // whose work was rolled back with it.
+                tracing::warn!(
+                    "transition batch: {error}; re-running the other {} transition(s)",
+                    batch.len() - 1
+                );
+                let request = batch.remove(index);
+                let _ = request.reply.send(Err(Arc::new(error)));
+            }
+            Err(Failure::Item { error, .. } | Failure::Transaction(error)) => {
+                let error = Arc::new(error);
+                for request in batch.drain(..) {
+                    let _ = request.reply.send(Err(Arc::clone(&error)));
+                }
+                return;
+            }
+        }
+    }
+}
+
+async fn try_batch(store: &Store, batch: &[Request]) -> Result<Vec<TransitionOutcome>, Failure> {
+    macro_rules! apply_all {
+        ($ops:ident, $tx:ident) => {{
+            let mut outcomes = Vec::with_capacity(batch.len());
+            for (index, request) in batch.iter().enumerate() {
+                match $ops::apply(&mut $tx, &request.transition).await {
+                    Ok(outcome) => outcomes.push(outcome),
+                    Err(error) => {
+                        // PostgreSQL has aborted the transaction; SQLite may
+                        // hold a half-done claim. Either way none of it stays.
+                        let _ = end_tx($tx, false).await;
+                        return Err(Failure::Item { index, error });
+                    }
+                }
+            }
+            end_tx($tx, true).await.map_err(Failure::Transaction)?;
+            Ok(outcomes)
+        }};
+    }
+    match store {
+        Store::Sqlite(pool) => {
+            let mut tx = begin_sqlite_write(pool, "begin transition batch")
+                .await
+                .map_err(Failure::Transaction)?;
+            apply_all!(sqlite_ops, tx)
+        }
+        Store::Postgres(pool) => {
+            let mut tx = pool
+                .begin()
+                .await
+                .map_err(StoreError::query("begin transition batch"))
+                .map_err(Failure::Transaction)?;
+            apply_all!(postgres_ops, tx)
+        }
+    }
+}

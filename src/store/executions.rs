@@ -1,0 +1,519 @@
+//! executions: the types of the lifecycle API, the statements on the table,
+//! and its reads.
+//!
+//! Writes that change an execution's state live in `claims` (claim, the
+//! fenced transitions, finish) and `batch` (the same writes, group-committed);
+//! this file holds what they share and the operator-facing reads.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sqlx::AssertSqlSafe;
+use uuid::Uuid;
+
+use super::decode::{AnyRow, RowReader, id_text};
+use super::{Store, StoreError};
+use crate::model::{BranchRule, Execution, ExecutionStatus, Millis};
+
+/// Stored output above this many bytes of JSON text is replaced by a
+/// summary (DESIGN §2: "output (json, capped)"): one chatty action must not
+/// bloat every listing and the plan's memory.
+pub const OUTPUT_CAP_BYTES: usize = 64 * 1024;
+/// How much of an oversized output the summary keeps, as a string preview.
+const OUTPUT_PREVIEW_BYTES: usize = 4 * 1024;
+/// Error texts (a command's stderr, an HTTP body) are cut to this many bytes.
+pub const ERROR_CAP_BYTES: usize = 8 * 1024;
+
+/// The error recorded on executions failed by [`Store::recover_owner`].
+pub const WORKER_LOST: &str = "worker_lost";
+
+/// One attempt to claim a due branch rule for an occurrence.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimRequest {
+    pub branch_rule_id: Uuid,
+    /// INSTANCE_ID of the claimer; becomes `lock_holder` and the execution's `owner`.
+    pub holder: String,
+    pub now: Millis,
+    /// A lock older than this is considered abandoned and may be taken over.
+    pub lock_timeout_ms: Millis,
+    /// Chosen by the caller so a retried claim (outbox) is recognisable.
+    pub execution_id: Uuid,
+    /// Run now: ignore `next_run_time <= now` and use `now` as the
+    /// occurrence's `scheduled_for`. Every other condition still holds.
+    pub run_now: bool,
+}
+
+/// A won claim.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Claim {
+    /// As inserted: status Requested.
+    pub execution: Execution,
+    /// The branch rule row after the claim (locked, epoch incremented).
+    pub branch_rule: BranchRule,
+}
+
+impl Claim {
+    /// The fencing token every later write of this occurrence carries.
+    pub fn fence(&self) -> Fence {
+        Fence {
+            execution_id: self.execution.id,
+            branch_rule_id: self.branch_rule.id,
+            holder: self.execution.owner.clone(),
+            epoch: self.execution.lock_epoch,
+        }
+    }
+}
+
+/// Proof of ownership: a write lands only while `branch_rules.lock_holder`
+/// and `lock_epoch` still match, so an instance that lost its lock (taken
+/// over after a timeout, or released by recovery) changes nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Fence {
+    pub execution_id: Uuid,
+    pub branch_rule_id: Uuid,
+    pub holder: String,
+    pub epoch: i64,
+}
+
+/// The post-process of one occurrence.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Finish {
+    /// Must be terminal.
+    pub status: ExecutionStatus,
+    pub finished_at: Millis,
+    /// Cut to [`ERROR_CAP_BYTES`].
+    pub error: Option<String>,
+    /// Replaced by a summary above [`OUTPUT_CAP_BYTES`].
+    pub output: Option<Value>,
+    /// `None` leaves the branch rule's next_run_time as it is.
+    pub next_run_time: Option<Millis>,
+    /// Set last_run_time to `finished_at` (false e.g. for a cancel before
+    /// the handoff, when nothing ran).
+    pub advance_last_run: bool,
+}
+
+/// Which executions [`Store::list_executions`] returns, ordered by
+/// (requested_at, id) ascending.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecutionFilter {
+    pub branch_rule_id: Option<Uuid>,
+    pub status: Option<ExecutionStatus>,
+    /// requested_at >= from.
+    pub from: Option<Millis>,
+    /// requested_at < to.
+    pub to: Option<Millis>,
+    /// At most this many rows (negative counts as 0).
+    pub limit: i64,
+    /// Keyset cursor: only rows after this (requested_at, id), i.e. the last
+    /// row of the previous page.
+    pub after: Option<(Millis, Uuid)>,
+}
+
+impl Default for ExecutionFilter {
+    fn default() -> Self {
+        ExecutionFilter {
+            branch_rule_id: None,
+            status: None,
+            from: None,
+            to: None,
+            limit: 100,
+            after: None,
+        }
+    }
+}
+
+impl ExecutionFilter {
+    /// The cursor for the page after `page` (its last row), or `None` when
+    /// `page` is shorter than the limit and so was the last one.
+    pub fn next_cursor(&self, page: &[Execution]) -> Option<(Millis, Uuid)> {
+        let full = i64::try_from(page.len()).is_ok_and(|n| n >= self.limit.max(1));
+        page.last()
+            .filter(|_| full)
+            .map(|last| (last.requested_at, last.id))
+    }
+}
+
+// ---- statements --------------------------------------------------------------
+
+macro_rules! execution_columns {
+    () => {
+        "id, branch_rule_id, scheduled_for, status, attempt, owner, lock_epoch, \
+         requested_at, scheduled_at, started_at, finished_at, error, output, created_at, updated_at"
+    };
+}
+pub(super) use execution_columns;
+
+macro_rules! branch_rule_columns {
+    () => {
+        "id, branch_id, rule_id, brand_rule_id, \
+         is_active, is_archived, is_force_stopped, is_currently_running, \
+         operation_time_from, operation_time_to, next_run_time, last_run_time, \
+         lock_holder, lock_time, lock_epoch, params, created_at, updated_at"
+    };
+}
+pub(super) use branch_rule_columns;
+
+/// `updated_at = $now` on a branch rule, except that it always moves
+/// forward: when the row already says `$now` or later (same millisecond,
+/// or another instance's clock ahead), it becomes the old value + 1.
+/// Two reasons: the plan's incremental refresh reads `updated_at >= since`
+/// and must never see a change move backwards, and a changed updated_at
+/// keeps the touch trigger (migration ..02) from overwriting it with the
+/// wall clock after the fact, which SQLite's RETURNING would not show.
+macro_rules! touch_branch_rule {
+    ($now:literal) => {
+        concat!(
+            "updated_at = CASE WHEN updated_at < ",
+            $now,
+            " THEN ",
+            $now,
+            " ELSE updated_at + 1 END"
+        )
+    };
+}
+pub(super) use touch_branch_rule;
+
+/// The statuses a transition may still leave, as an SQL list.
+macro_rules! open_statuses {
+    () => {
+        "('requested', 'scheduled', 'running')"
+    };
+}
+pub(super) use open_statuses;
+
+const SELECT_EXECUTION: &str = concat!(
+    "SELECT ",
+    execution_columns!(),
+    " FROM executions WHERE id = $1"
+);
+
+const SELECT_EXECUTIONS_FOR: &str = concat!(
+    "SELECT ",
+    execution_columns!(),
+    " FROM executions WHERE branch_rule_id = $1 ORDER BY scheduled_for, attempt"
+);
+
+const COUNT_BY_STATUS: &str = "SELECT status, COUNT(*) AS n FROM executions GROUP BY status";
+
+/// Branch rules first, then executions: the same lock order as claim and
+/// finish, so PostgreSQL never deadlocks a recovery against a finishing
+/// owner. Leaves next_run_time alone: the occurrence is claimed again and
+/// becomes a new attempt.
+const RELEASE_OWNER_LOCKS: &str = concat!(
+    "UPDATE branch_rules SET lock_holder = NULL, lock_time = NULL, is_currently_running = FALSE, ",
+    touch_branch_rule!("$2"),
+    " WHERE lock_holder = $1"
+);
+
+const FAIL_OWNER_EXECUTIONS: &str = concat!(
+    "UPDATE executions SET status = 'failed', error = $3, finished_at = $2, updated_at = $2 \
+     WHERE owner = $1 AND status IN ",
+    open_statuses!(),
+    " RETURNING ",
+    execution_columns!()
+);
+
+const SET_FORCE_STOPPED: &str = concat!(
+    "UPDATE branch_rules SET is_force_stopped = $2, ",
+    touch_branch_rule!("$3"),
+    " WHERE id = $1"
+);
+
+pub(super) fn decode_execution(row: &impl AnyRow) -> Result<Execution, StoreError> {
+    let r = RowReader::new(row, "executions")?;
+    let id = r.uuid("id")?;
+    let decode_error = |column: &'static str, message: String| StoreError::Decode {
+        table: "executions",
+        id: id.hyphenated().to_string(),
+        column,
+        message,
+    };
+    let status_text = r.text("status")?;
+    let status = ExecutionStatus::parse(&status_text)
+        .ok_or_else(|| decode_error("status", format!("unknown status {status_text:?}")))?;
+    let output = r
+        .opt_text("output")?
+        .map(|text| {
+            serde_json::from_str(&text)
+                .map_err(|e| decode_error("output", format!("invalid JSON: {e}")))
+        })
+        .transpose()?;
+    Ok(Execution {
+        id,
+        branch_rule_id: r.uuid("branch_rule_id")?,
+        scheduled_for: r.i64("scheduled_for")?,
+        status,
+        attempt: r.i64("attempt")?,
+        owner: r.text("owner")?,
+        lock_epoch: r.i64("lock_epoch")?,
+        requested_at: r.i64("requested_at")?,
+        scheduled_at: r.opt_i64("scheduled_at")?,
+        started_at: r.opt_i64("started_at")?,
+        finished_at: r.opt_i64("finished_at")?,
+        error: r.opt_text("error")?,
+        output,
+        created_at: r.i64("created_at")?,
+        updated_at: r.i64("updated_at")?,
+    })
+}
+
+/// `text` cut to at most `max` bytes on a char boundary.
+pub(super) fn truncate_utf8(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// The stored text of an execution's output, summarised when too large.
+pub(super) fn output_text(output: Option<&Value>) -> Option<String> {
+    let text = output?.to_string();
+    if text.len() <= OUTPUT_CAP_BYTES {
+        return Some(text);
+    }
+    let summary = serde_json::json!({
+        "truncated": true,
+        "bytes": text.len(),
+        "preview": truncate_utf8(&text, OUTPUT_PREVIEW_BYTES),
+    });
+    Some(summary.to_string())
+}
+
+pub(super) fn error_text(error: Option<&str>) -> Option<String> {
+    error.map(|e| truncate_utf8(e, ERROR_CAP_BYTES).to_string())
+}
+
+/// A bind value of a statement assembled at run time.
+enum Bind {
+    Text(String),
+    Int(i64),
+}
+
+/// Runs a dynamic SELECT of executions on whichever pool `$store` holds.
+macro_rules! fetch_dynamic {
+    ($pool:expr, $sql:expr, $binds:expr) => {{
+        let mut query = sqlx::query(AssertSqlSafe($sql));
+        for bind in $binds {
+            query = match bind {
+                Bind::Text(text) => query.bind(text),
+                Bind::Int(int) => query.bind(int),
+            };
+        }
+        match query.fetch_all($pool).await {
+            Ok(rows) => rows.iter().map(decode_execution).collect(),
+            Err(error) => Err(StoreError::Query {
+                op: "list executions",
+                error,
+            }),
+        }
+    }};
+}
+
+impl Store {
+    pub async fn execution(&self, id: Uuid) -> Result<Option<Execution>, StoreError> {
+        let op = "select execution";
+        let row = match self {
+            Store::Sqlite(pool) => sqlx::query(SELECT_EXECUTION)
+                .bind(id_text(id))
+                .fetch_optional(pool)
+                .await
+                .map_err(StoreError::query(op))?
+                .map(|row| decode_execution(&row)),
+            Store::Postgres(pool) => sqlx::query(SELECT_EXECUTION)
+                .bind(id_text(id))
+                .fetch_optional(pool)
+                .await
+                .map_err(StoreError::query(op))?
+                .map(|row| decode_execution(&row)),
+        };
+        row.transpose()
+    }
+
+    /// Every attempt at every occurrence of one branch rule, ordered by
+    /// (scheduled_for, attempt).
+    pub async fn executions_for(&self, branch_rule_id: Uuid) -> Result<Vec<Execution>, StoreError> {
+        let op = "select executions of branch_rule";
+        let id = id_text(branch_rule_id);
+        match self {
+            Store::Sqlite(pool) => {
+                fetch_all_on!(pool, op, decode_execution, SELECT_EXECUTIONS_FOR, id)
+            }
+            Store::Postgres(pool) => {
+                fetch_all_on!(pool, op, decode_execution, SELECT_EXECUTIONS_FOR, id)
+            }
+        }
+    }
+
+    /// How many executions are in each status: every status of
+    /// [`ExecutionStatus::ALL`], in that order, zeros included, so a metrics
+    /// gauge can be set without remembering which statuses it saw before.
+    pub async fn count_executions_by_status(
+        &self,
+    ) -> Result<Vec<(ExecutionStatus, i64)>, StoreError> {
+        let op = "count executions by status";
+        let rows: Vec<(String, i64)> = match self {
+            Store::Sqlite(pool) => sqlx::query_as(COUNT_BY_STATUS).fetch_all(pool).await,
+            Store::Postgres(pool) => sqlx::query_as(COUNT_BY_STATUS).fetch_all(pool).await,
+        }
+        .map_err(StoreError::query(op))?;
+        let mut counts: Vec<(ExecutionStatus, i64)> =
+            ExecutionStatus::ALL.iter().map(|&s| (s, 0)).collect();
+        for (text, n) in rows {
+            let status = ExecutionStatus::parse(&text).ok_or_else(|| StoreError::Decode {
+                table: "executions",
+                id: "*".to_string(),
+                column: "status",
+                message: format!("unknown status {text:?}"),
+            })?;
+            if let Some(slot) = counts.iter_mut().find(|(s, _)| *s == status) {
+                slot.1 = n;
+            }
+        }
+        Ok(counts)
+    }
+
+    /// One page of executions matching `filter`, ordered by (requested_at,
+    /// id); pass the last row's (requested_at, id) as `after` for the next.
+    pub async fn list_executions(
+        &self,
+        filter: &ExecutionFilter,
+    ) -> Result<Vec<Execution>, StoreError> {
+        let mut conditions: Vec<String> = Vec::new();
+        let mut binds: Vec<Bind> = Vec::new();
+        // Only placeholders are spliced into the text; every value is bound.
+        fn placeholder(bind: Bind, binds: &mut Vec<Bind>) -> String {
+            binds.push(bind);
+            format!("${}", binds.len())
+        }
+        if let Some(id) = filter.branch_rule_id {
+            let p = placeholder(Bind::Text(id_text(id)), &mut binds);
+            conditions.push(format!("branch_rule_id = {p}"));
+        }
+        if let Some(status) = filter.status {
+            let p = placeholder(Bind::Text(status.as_str().to_string()), &mut binds);
+            conditions.push(format!("status = {p}"));
+        }
+        if let Some(from) = filter.from {
+            let p = placeholder(Bind::Int(from), &mut binds);
+            conditions.push(format!("requested_at >= {p}"));
+        }
+        if let Some(to) = filter.to {
+            let p = placeholder(Bind::Int(to), &mut binds);
+            conditions.push(format!("requested_at < {p}"));
+        }
+        if let Some((at, id)) = filter.after {
+            let p_at = placeholder(Bind::Int(at), &mut binds);
+            let p_id = placeholder(Bind::Text(id_text(id)), &mut binds);
+            // Written so both planners can range-scan (requested_at, id).
+            conditions.push(format!(
+                "requested_at >= {p_at} AND (requested_at > {p_at} OR id > {p_id})"
+            ));
+        }
+        let p_limit = placeholder(Bind::Int(filter.limit.max(0)), &mut binds);
+        let mut sql = format!("SELECT {} FROM executions", execution_columns!());
+        if !conditions.is_empty() {
+            sql.push_str(" WHERE ");
+            sql.push_str(&conditions.join(" AND "));
+        }
+        sql.push_str(&format!(" ORDER BY requested_at, id LIMIT {p_limit}"));
+
+        match self {
+            Store::Sqlite(pool) => fetch_dynamic!(pool, sql, binds),
+            Store::Postgres(pool) => fetch_dynamic!(pool, sql, binds),
+        }
+    }
+
+    /// Crash recovery and takeover, in one transaction: every non-terminal
+    /// execution owned by `holder` becomes Failed (`worker_lost`, finished
+    /// at `now`), and every branch rule it holds is unlocked and no longer
+    /// running. next_run_time is untouched, so the occurrence is claimed
+    /// again as a new attempt. Returns the executions it failed.
+    pub async fn recover_owner(
+        &self,
+        holder: &str,
+        now: Millis,
+    ) -> Result<Vec<Execution>, StoreError> {
+        macro_rules! recover {
+            ($tx:ident) => {{
+                execute_on!(
+                    &mut *$tx,
+                    "release owner locks",
+                    RELEASE_OWNER_LOCKS,
+                    holder,
+                    now
+                )?;
+                let failed = fetch_all_on!(
+                    &mut *$tx,
+                    "fail owner executions",
+                    decode_execution,
+                    FAIL_OWNER_EXECUTIONS,
+                    holder,
+                    now,
+                    WORKER_LOST
+                )?;
+                $tx.commit()
+                    .await
+                    .map_err(StoreError::query("commit recover_owner"))?;
+                Ok(failed)
+            }};
+        }
+        match self {
+            Store::Sqlite(pool) => {
+                let mut tx = super::claims::begin_sqlite_write(pool, "begin recover_owner").await?;
+                recover!(tx)
+            }
+            Store::Postgres(pool) => {
+                let mut tx = pool
+                    .begin()
+                    .await
+                    .map_err(StoreError::query("begin recover_owner"))?;
+                recover!(tx)
+            }
+        }
+    }
+
+    /// Sets or clears a branch rule's force stop. `false` when no such rule.
+    pub async fn set_force_stopped(
+        &self,
+        branch_rule_id: Uuid,
+        stopped: bool,
+        now: Millis,
+    ) -> Result<bool, StoreError> {
+        execute!(
+            self,
+            "set branch_rule force stop",
+            SET_FORCE_STOPPED,
+            id_text(branch_rule_id),
+            stopped,
+            now
+        )
+        .map(|n| n == 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn truncation_keeps_whole_characters() {
+        assert_eq!(truncate_utf8("abc", 5), "abc");
+        assert_eq!(truncate_utf8("aé", 2), "a");
+        assert_eq!(truncate_utf8("aé", 3), "aé");
+    }
+
+    #[test]
+    fn large_outputs_are_summarised_as_valid_json() {
+        let big = Value::String("x".repeat(OUTPUT_CAP_BYTES + 10));
+        let text = output_text(Some(&big)).unwrap();
+        let summary: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(summary["truncated"], true);
+        assert!(text.len() < OUTPUT_CAP_BYTES);
+        let small = serde_json::json!({"ok": 1});
+        assert_eq!(output_text(Some(&small)).unwrap(), r#"{"ok":1}"#);
+        assert_eq!(output_text(None), None);
+    }
+}

@@ -1,0 +1,325 @@
+//! The execution engine end to end, in-process: master, per-job workers,
+//! actions and the execution lifecycle against real SQLite and PostgreSQL.
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use common::rules::{YEARLY, insert_rule, step};
+use common::service::{RunningService, start_service_with};
+use common::{TestDb, eventually};
+use ruled::actors::ask;
+use ruled::config::Config;
+use ruled::messages::MasterMsg;
+use ruled::messages::master::CancelOutcome;
+use ruled::model::{Execution, ExecutionStatus, Millis};
+use ruled::service::Service;
+use serde_json::json;
+use uuid::Uuid;
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+fn now_ms() -> Millis {
+    chrono::Utc::now().timestamp_millis()
+}
+
+/// Engine settings for tests: no grace period, no cooldown, no stagger.
+fn fast(config: Config) -> Config {
+    Config {
+        master_grace_period: Duration::ZERO,
+        worker_cooldown: Duration::ZERO,
+        worker_stagger: Duration::ZERO,
+        worker_count: 10,
+        ..config
+    }
+}
+
+async fn start(db: &TestDb, adjust: impl FnOnce(Config) -> Config) -> RunningService {
+    start_service_with(&db.url, |config| adjust(fast(config))).await
+}
+
+async fn executions(service: &Service, id: Uuid) -> Vec<Execution> {
+    service.store().executions_for(id).await.unwrap()
+}
+
+async fn wait_for_status(service: &Service, id: Uuid, status: ExecutionStatus) -> Execution {
+    let find = || async {
+        executions(service, id)
+            .await
+            .into_iter()
+            .find(|e| e.status == status)
+    };
+    eventually(
+        DEADLINE,
+        &format!("an execution of {id} is {status:?}"),
+        || async { find().await.is_some() },
+    )
+    .await;
+    find().await.unwrap()
+}
+
+async fn queue_stats(service: &Service) -> ruled::queue::QueueStats {
+    let master = service.directory().master().unwrap();
+    ask(&master, MasterMsg::Stats).await.unwrap()
+}
+
+/// Every state of one execution was written, in order.
+fn assert_full_lifecycle(execution: &Execution) {
+    assert_eq!(
+        execution.status,
+        ExecutionStatus::Completed,
+        "{execution:?}"
+    );
+    assert_eq!(execution.attempt, 1);
+    let scheduled = execution.scheduled_at.expect("scheduled_at written");
+    let started = execution.started_at.expect("started_at written");
+    let finished = execution.finished_at.expect("finished_at written");
+    assert!(execution.requested_at <= scheduled, "{execution:?}");
+    assert!(scheduled <= started && started <= finished, "{execution:?}");
+}
+
+both_backends!(
+    staggered_rules_each_run_exactly_once,
+    tokio::test(flavor = "multi_thread", worker_threads = 2),
+    |db: TestDb| async move {
+        let running = start(&db, |c| c).await;
+        let service = &running.service;
+        let base = now_ms() + 500;
+        let mut ids = Vec::new();
+        for i in 0..1_000 {
+            // Due one every 3 ms over three seconds.
+            let id = insert_rule(
+                service.store(),
+                YEARLY,
+                base + i * 3,
+                &[step("noop", json!({}))],
+            )
+            .await;
+            ids.push(id);
+        }
+        eventually(DEADLINE, "all 1,000 occurrences completed", || async {
+            let counts = service.store().count_executions_by_status().await.unwrap();
+            counts
+                .iter()
+                .find(|(status, _)| *status == ExecutionStatus::Completed)
+                .is_some_and(|(_, n)| *n == 1_000)
+        })
+        .await;
+        let mut lags = Vec::new();
+        for id in &ids {
+            let runs = executions(service, *id).await;
+            assert_eq!(runs.len(), 1, "exactly one execution for {id}");
+            assert_full_lifecycle(&runs[0]);
+            lags.push(runs[0].started_at.unwrap() - runs[0].scheduled_for);
+        }
+        lags.sort();
+        println!(
+            "start lag over 1,000 staggered rules: p50 {} ms, p99 {} ms, max {} ms",
+            lags[500], lags[989], lags[999]
+        );
+        running.service.shutdown("test").await.unwrap();
+    }
+);
+
+both_backends!(
+    single_job_mode_uses_a_fresh_worker_per_job,
+    tokio::test(flavor = "multi_thread", worker_threads = 2),
+    |db: TestDb| async move {
+        let running = start(&db, |c| c).await;
+        let service = &running.service;
+        let due = now_ms();
+        let mut ids = Vec::new();
+        for _ in 0..50 {
+            ids.push(
+                insert_rule(
+                    service.store(),
+                    YEARLY,
+                    due,
+                    &[step("sleep", json!({"ms": 20}))],
+                )
+                .await,
+            );
+        }
+        let mut workers = HashSet::new();
+        for id in &ids {
+            let done = wait_for_status(service, *id, ExecutionStatus::Completed).await;
+            let worker = done
+                .output
+                .as_ref()
+                .and_then(|o| o["worker"].as_str())
+                .map(str::to_string);
+            workers.insert(worker.expect("the worker is recorded in the output"));
+        }
+        assert_eq!(workers.len(), 50, "each job ran on its own worker actor");
+        eventually(DEADLINE, "alive_workers is back to 10", || async {
+            let stats = queue_stats(service).await;
+            stats.alive_workers == 10 && stats.active_jobs == 0
+        })
+        .await;
+        running.service.shutdown("test").await.unwrap();
+    }
+);
+
+both_backends!(
+    a_job_longer_than_its_timeout_times_out,
+    tokio::test(flavor = "multi_thread", worker_threads = 2),
+    |db: TestDb| async move {
+        let running = start(&db, |c| Config {
+            schedule_execution_timeout: Duration::from_millis(300),
+            ..c
+        })
+        .await;
+        let service = &running.service;
+        let id = insert_rule(
+            service.store(),
+            YEARLY,
+            now_ms(),
+            &[step("sleep", json!({"ms": 10_000}))],
+        )
+        .await;
+        let timed_out = wait_for_status(service, id, ExecutionStatus::TimedOut).await;
+        assert!(timed_out.error.unwrap().contains("timed out"));
+        let row = service.store().load_plan_data(10).await.unwrap();
+        let rule = row.branch_rules.iter().find(|r| r.id == id).unwrap();
+        assert!(
+            !rule.is_currently_running && rule.lock_holder.is_none(),
+            "{rule:?}"
+        );
+        running.service.shutdown("test").await.unwrap();
+    }
+);
+
+/// True while any process has `marker` in its command line.
+fn process_with_arg_exists(marker: &str) -> bool {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .any(|entry| {
+            std::fs::read(entry.path().join("cmdline"))
+                .map(|cmdline| {
+                    cmdline
+                        .split(|&b| b == 0)
+                        .any(|arg| arg == marker.as_bytes())
+                })
+                .unwrap_or(false)
+        })
+}
+
+both_backends!(
+    a_cancelled_command_leaves_no_process_behind,
+    tokio::test(flavor = "multi_thread", worker_threads = 2),
+    |db: TestDb| async move {
+        let running = start(&db, |c| Config {
+            command_actions_enabled: true,
+            ..c
+        })
+        .await;
+        let service = &running.service;
+        // A distinctive duration marks our child among the machine's processes.
+        let marker = format!("30.{}", std::process::id());
+        let id = insert_rule(
+            service.store(),
+            YEARLY,
+            now_ms(),
+            &[step(
+                "command",
+                json!({"program": "sleep", "args": [marker]}),
+            )],
+        )
+        .await;
+        let started = wait_for_status(service, id, ExecutionStatus::Running).await;
+        eventually(DEADLINE, "the sleep process runs", || async {
+            process_with_arg_exists(&marker)
+        })
+        .await;
+        let master = service.directory().master().unwrap();
+        let outcome = ask(&master, |reply| MasterMsg::Cancel {
+            execution_id: started.id,
+            reply,
+        })
+        .await
+        .unwrap();
+        assert_eq!(outcome, CancelOutcome::CancelSentToWorker);
+        let cancelled = wait_for_status(service, id, ExecutionStatus::Cancelled).await;
+        assert_eq!(cancelled.id, started.id);
+        eventually(DEADLINE, "no sleep process is left", || async {
+            !process_with_arg_exists(&marker)
+        })
+        .await;
+        running.service.shutdown("test").await.unwrap();
+    }
+);
+
+both_backends!(
+    action_failures_are_recorded_with_a_clear_error,
+    tokio::test(flavor = "multi_thread", worker_threads = 2),
+    |db: TestDb| async move {
+        let running = start(&db, |c| c).await;
+        let service = &running.service;
+        let command = insert_rule(
+            service.store(),
+            YEARLY,
+            now_ms(),
+            &[step("command", json!({"program": "true"}))],
+        )
+        .await;
+        let private = insert_rule(
+            service.store(),
+            YEARLY,
+            now_ms(),
+            &[step("http", json!({"url": "http://127.0.0.1:9/"}))],
+        )
+        .await;
+        let failed = wait_for_status(service, command, ExecutionStatus::Failed).await;
+        assert!(failed.error.unwrap().contains("COMMAND_ACTIONS_ENABLED"));
+        let failed = wait_for_status(service, private, ExecutionStatus::Failed).await;
+        let error = failed.error.unwrap();
+        assert!(
+            error.contains("127.0.0.1") && error.contains("HTTP_ACTION_ALLOW_PRIVATE"),
+            "{error}"
+        );
+        running.service.shutdown("test").await.unwrap();
+    }
+);
+
+both_backends!(
+    a_cancel_before_the_handoff_is_recorded_by_the_master,
+    tokio::test(flavor = "multi_thread", worker_threads = 2),
+    |db: TestDb| async move {
+        // One worker, busy with a long job: the second job waits in the queue.
+        let running = start(&db, |c| Config {
+            worker_count: 1,
+            ..c
+        })
+        .await;
+        let service = &running.service;
+        let busy = insert_rule(
+            service.store(),
+            YEARLY,
+            now_ms(),
+            &[step("sleep", json!({"ms": 5_000}))],
+        )
+        .await;
+        wait_for_status(service, busy, ExecutionStatus::Running).await;
+        let waiting = insert_rule(
+            service.store(),
+            YEARLY,
+            now_ms(),
+            &[step("noop", json!({}))],
+        )
+        .await;
+        let requested = wait_for_status(service, waiting, ExecutionStatus::Requested).await;
+        let master = service.directory().master().unwrap();
+        let outcome = ask(&master, |reply| MasterMsg::Cancel {
+            execution_id: requested.id,
+            reply,
+        })
+        .await
+        .unwrap();
+        assert_eq!(outcome, CancelOutcome::CancelledBeforeHandoff);
+        let cancelled = wait_for_status(service, waiting, ExecutionStatus::Cancelled).await;
+        assert_eq!(cancelled.started_at, None, "it never reached a worker");
+        running.service.shutdown("test").await.unwrap();
+    }
+);
