@@ -3,101 +3,9 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
 
-const BIN: &str = env!("CARGO_BIN_EXE_ruled");
-const DEADLINE: Duration = Duration::from_secs(30);
-
-/// A scratch directory with the environment a fresh install would have.
-struct Install {
-    dir: tempfile::TempDir,
-}
-
-impl Install {
-    fn new() -> Install {
-        Install {
-            dir: tempfile::tempdir().unwrap(),
-        }
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    fn command(&self, args: &[&str]) -> Command {
-        let mut command = Command::new(BIN);
-        command
-            .args(args)
-            .current_dir(self.dir.path())
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env(
-                "DATABASE_URL",
-                format!("sqlite://{}", self.path("ruled.db").display()),
-            )
-            .env("PLAN_FILE", self.path("plan.json"))
-            .env("SHUTDOWN_MARKER_FILE", self.path("marker.json"))
-            .env("EXECUTION_PLAN_REFRESH_SECONDS", "0.2")
-            .env("RUST_LOG", "info");
-        command
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        self.command(args).output().unwrap()
-    }
-
-    /// Starts `ruled serve` with stderr going to `log_name`.
-    fn serve(&self, log_name: &str) -> Child {
-        let log = std::fs::File::create(self.path(log_name)).unwrap();
-        self.command(&["serve"])
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap()
-    }
-
-    fn log(&self, log_name: &str) -> String {
-        std::fs::read_to_string(self.path(log_name)).unwrap_or_default()
-    }
-
-    fn wait_for_log(&self, log_name: &str, needle: &str) {
-        let deadline = Instant::now() + DEADLINE;
-        while !self.log(log_name).contains(needle) {
-            assert!(
-                Instant::now() < deadline,
-                "{needle:?} never appeared in the log:\n{}",
-                self.log(log_name)
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-fn stdout(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
-fn signal(child: &Child, signal: i32) {
-    // SAFETY: kill(2) on a pid we spawned and have not reaped.
-    assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
-}
-
-fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
-        }
-        assert!(Instant::now() < deadline, "the process did not exit");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
+use common::process::{Install, signal, stderr, stdout, wait_exit, wait_until};
 
 #[test]
 fn help_lists_every_command() {
@@ -247,14 +155,6 @@ fn plan_falls_back_to_the_plan_file_when_the_database_is_unreachable() {
         "{}",
         stdout(&output)
     );
-}
-
-fn wait_until(condition: impl Fn() -> bool, what: &str) {
-    let deadline = Instant::now() + DEADLINE;
-    while !condition() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 #[test]

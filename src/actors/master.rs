@@ -202,9 +202,7 @@ impl MasterState {
     /// the plan says to look again. Claims fail closed: with the database
     /// down nothing is queued.
     async fn fetch(&mut self) -> Option<Millis> {
-        let Some(plan) = self.args.directory.plan() else {
-            return None;
-        };
+        let plan = self.args.directory.plan()?;
         let ready = match ask(&plan, PlanMsg::ReadyJobs).await {
             Ok(ready) => ready,
             Err(e) => {
@@ -501,23 +499,23 @@ impl MasterState {
         let queued = self
             .queue
             .find_queued(|job| job.execution_id() == execution_id);
-        if let Some(branch_rule_id) = queued {
-            if let Some(job) = self.queue.remove_queued(branch_rule_id) {
-                let now = self.args.clock.now_ms();
-                let finish = Finish {
-                    status: ExecutionStatus::Cancelled,
-                    finished_at: now,
-                    error: Some("cancelled before the handoff".to_string()),
-                    output: None,
-                    next_run_time: next_run_after(&job, now),
-                    advance_last_run: false,
-                };
-                self.write_finish(&job, finish).await;
-                self.queue.finish(branch_rule_id, now);
-                metrics::counter!(m::JOBS_TOTAL, "outcome" => "cancelled").increment(1);
-                info!(%branch_rule_id, %execution_id, "🛑 Cancelled before the handoff");
-                return CancelOutcome::CancelledBeforeHandoff;
-            }
+        if let Some((branch_rule_id, job)) =
+            queued.and_then(|id| self.queue.remove_queued(id).map(|job| (id, job)))
+        {
+            let now = self.args.clock.now_ms();
+            let finish = Finish {
+                status: ExecutionStatus::Cancelled,
+                finished_at: now,
+                error: Some("cancelled before the handoff".to_string()),
+                output: None,
+                next_run_time: next_run_after(&job, now),
+                advance_last_run: false,
+            };
+            self.write_finish(&job, finish).await;
+            self.queue.finish(branch_rule_id, now);
+            metrics::counter!(m::JOBS_TOTAL, "outcome" => "cancelled").increment(1);
+            info!(%branch_rule_id, %execution_id, "🛑 Cancelled before the handoff");
+            return CancelOutcome::CancelledBeforeHandoff;
         }
         let busy = self
             .busy
@@ -617,11 +615,12 @@ impl MasterState {
         let Some(drain) = self.drain.as_mut() else {
             return;
         };
-        if self.busy.is_empty() {
-            if let Some(reply) = drain.reply.take() {
-                info!("👑 Master drained: {:?}", drain.report);
-                let _ = reply.send(drain.report.clone());
-            }
+        if !self.busy.is_empty() {
+            return;
+        }
+        if let Some(reply) = drain.reply.take() {
+            info!("👑 Master drained: {:?}", drain.report);
+            let _ = reply.send(drain.report.clone());
         }
     }
 }

@@ -85,10 +85,12 @@ impl Actor for WorkerActor {
                 execution_id,
                 reason,
             } => {
-                if let Some(current) = state.current.as_mut() {
-                    if current.job.execution_id() == execution_id {
-                        current.cancel(reason);
-                    }
+                if let Some(current) = state
+                    .current
+                    .as_mut()
+                    .filter(|current| current.job.execution_id() == execution_id)
+                {
+                    current.cancel(reason);
                 }
             }
             WorkerMsg::RenewLock => state.renew_lock().await,

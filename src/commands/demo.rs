@@ -2,7 +2,6 @@
 //! action templates and branch rules, so a fresh install has something to
 //! run. Fixed ids make it idempotent: a second run adds nothing.
 
-use chrono_tz::Tz;
 use serde_json::json;
 use tracing::info;
 use uuid::Uuid;
@@ -10,7 +9,7 @@ use uuid::Uuid;
 use super::CommandError;
 use crate::clock::millis_to_utc;
 use crate::model::*;
-use crate::schedule::{CronSchedule, TimeOfDay, next_after_millis, parse_timezone};
+use crate::schedule::{CronSchedule, TimeOfDay, parse_timezone};
 use crate::store::{Store, StoreError};
 
 /// What a demo load inserted; zero everywhere on a second run.
@@ -105,9 +104,10 @@ pub async fn load_demo(store: &Store, now: Millis) -> Result<DemoReport, Command
             updated_at: now,
         };
         record(&mut report, store.insert_branch(&branch).await)?;
-        let zone: Tz = parse_timezone(zone_name)?;
+        parse_timezone(zone_name)?;
         for (r, (rule, window)) in rules.iter().enumerate() {
-            let schedule = CronSchedule::parse(&rule.cron_expression)?;
+            // A demo rule with a broken expression would be a bug here.
+            CronSchedule::parse(&rule.cron_expression)?;
             let parse = |t: &str| t.parse::<TimeOfDay>();
             let branch_rule = BranchRule {
                 id: demo_id(4, (b * 16 + r) as u128),
@@ -120,7 +120,9 @@ pub async fn load_demo(store: &Store, now: Millis) -> Result<DemoReport, Command
                 is_currently_running: false,
                 operation_time_from: window.map(|(from, _)| parse(from)).transpose()?,
                 operation_time_to: window.map(|(_, to)| parse(to)).transpose()?,
-                next_run_time: Some(next_after_millis(&schedule, zone, now)?),
+                // Due at once, so a fresh install shows work right away;
+                // after the first run the cron expression takes over.
+                next_run_time: Some(now),
                 last_run_time: None,
                 lock_holder: None,
                 lock_time: None,

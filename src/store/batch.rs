@@ -15,11 +15,13 @@
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
+use sqlx::pool::PoolConnection;
+use sqlx::{Connection, Postgres, Sqlite};
 use tokio::sync::{mpsc, oneshot};
 
 use super::claims::postgres as postgres_ops;
 use super::claims::sqlite as sqlite_ops;
-use super::claims::{begin_sqlite_write, end_tx};
+use super::claims::{SQLITE_BEGIN_WRITE, end_tx};
 use super::executions::{Claim, ClaimRequest, Fence, Finish};
 use super::{Store, StoreError};
 use crate::model::{BranchRule, Millis};
@@ -168,6 +170,7 @@ fn closed() -> BatchError {
 }
 
 async fn run(store: Store, mut receiver: mpsc::Receiver<Request>, max_batch: usize) {
+    let mut writer = Writer { store, conn: None };
     let mut batch = Vec::with_capacity(max_batch);
     while let Some(first) = receiver.recv().await {
         batch.push(first);
@@ -184,12 +187,7 @@ async fn run(store: Store, mut receiver: mpsc::Receiver<Request>, max_batch: usi
         // A caller that stopped waiting (timed out, cancelled) must not have
         // its write land behind its back: it may already be in its outbox.
         batch.retain(|request| !request.reply.is_closed());
-        let t = std::time::Instant::now();
-        let size = batch.len();
-        run_batch(&store, &mut batch).await;
-        if std::env::var("PROBE").is_ok() {
-            eprintln!("PROBE batch {size} {:?}", t.elapsed());
-        }
+        writer.run_batch(&mut batch).await;
         batch.clear();
     }
 }
@@ -207,73 +205,136 @@ fn drain(receiver: &mut mpsc::Receiver<Request>, batch: &mut Vec<Request>, max_b
 enum Failure {
     /// Item `index` failed; the transaction was rolled back.
     Item { index: usize, error: StoreError },
-    /// Begin or commit failed.
+    /// Acquire, begin or commit failed.
     Transaction(StoreError),
 }
 
-async fn run_batch(store: &Store, batch: &mut Vec<Request>) {
-    while !batch.is_empty() {
-        match try_batch(store, batch).await {
-            Ok(outcomes) => {
-                for (request, outcome) in batch.drain(..).zip(outcomes) {
-                    let _ = request.reply.send(Ok(outcome));
-                }
-                return;
-            }
-            Err(Failure::Item { index, error }) if !error.is_transient() => {
-                // This item's own fault: answer it and re-run the others,
-                // whose work was rolled back with it.
-                tracing::warn!(
-                    "transition batch: {error}; re-running the other {} transition(s)",
-                    batch.len() - 1
-                );
-                let request = batch.remove(index);
-                let _ = request.reply.send(Err(Arc::new(error)));
-            }
-            Err(Failure::Item { error, .. } | Failure::Transaction(error)) => {
-                let error = Arc::new(error);
-                for request in batch.drain(..) {
-                    let _ = request.reply.send(Err(Arc::clone(&error)));
-                }
-                return;
-            }
+impl Failure {
+    /// The connection may be broken: do not keep it.
+    fn suspect(&self) -> bool {
+        match self {
+            Failure::Item { error, .. } => error.is_transient(),
+            Failure::Transaction(_) => true,
         }
     }
 }
 
-async fn try_batch(store: &Store, batch: &[Request]) -> Result<Vec<TransitionOutcome>, Failure> {
-    macro_rules! apply_all {
-        ($ops:ident, $tx:ident) => {{
-            let mut outcomes = Vec::with_capacity(batch.len());
-            for (index, request) in batch.iter().enumerate() {
-                match $ops::apply(&mut $tx, &request.transition).await {
-                    Ok(outcome) => outcomes.push(outcome),
-                    Err(error) => {
-                        // PostgreSQL has aborted the transaction; SQLite may
-                        // hold a half-done claim. Either way none of it stays.
-                        let _ = end_tx($tx, false).await;
-                        return Err(Failure::Item { index, error });
+/// The batcher's own connection, kept from batch to batch. SQLite keeps a
+/// page cache per connection and drops it when another connection wrote
+/// since; taking whichever pooled connection is free meant re-reading the
+/// hot pages from the file on almost every batch.
+enum Conn {
+    Sqlite(PoolConnection<Sqlite>),
+    Postgres(PoolConnection<Postgres>),
+}
+
+struct Writer {
+    store: Store,
+    conn: Option<Conn>,
+}
+
+impl Writer {
+    async fn run_batch(&mut self, batch: &mut Vec<Request>) {
+        while !batch.is_empty() {
+            match self.try_batch(batch).await {
+                Ok(outcomes) => {
+                    for (request, outcome) in batch.drain(..).zip(outcomes) {
+                        let _ = request.reply.send(Ok(outcome));
                     }
+                    return;
+                }
+                Err(Failure::Item { index, error }) if !error.is_transient() => {
+                    // This item's own fault: answer it and re-run the others,
+                    // whose work was rolled back with it.
+                    tracing::warn!(
+                        "transition batch: {error}; re-running the other {} transition(s)",
+                        batch.len() - 1
+                    );
+                    let request = batch.remove(index);
+                    let _ = request.reply.send(Err(Arc::new(error)));
+                }
+                Err(Failure::Item { error, .. } | Failure::Transaction(error)) => {
+                    let error = Arc::new(error);
+                    for request in batch.drain(..) {
+                        let _ = request.reply.send(Err(Arc::clone(&error)));
+                    }
+                    return;
                 }
             }
-            end_tx($tx, true).await.map_err(Failure::Transaction)?;
-            Ok(outcomes)
-        }};
-    }
-    match store {
-        Store::Sqlite(pool) => {
-            let mut tx = begin_sqlite_write(pool, "begin transition batch")
-                .await
-                .map_err(Failure::Transaction)?;
-            apply_all!(sqlite_ops, tx)
         }
-        Store::Postgres(pool) => {
-            let mut tx = pool
-                .begin()
-                .await
-                .map_err(StoreError::query("begin transition batch"))
-                .map_err(Failure::Transaction)?;
-            apply_all!(postgres_ops, tx)
+    }
+
+    async fn try_batch(&mut self, batch: &[Request]) -> Result<Vec<TransitionOutcome>, Failure> {
+        let kept = self.conn.is_some();
+        let mut result = self.try_batch_once(batch).await;
+        if let Err(failure) = &result {
+            if failure.suspect() {
+                self.conn = None;
+            }
+            // A kept connection may have died while idle (server restart,
+            // idle timeout); nothing ran if even BEGIN failed, so one more
+            // try on a fresh connection is safe.
+            if kept && matches!(failure, Failure::Transaction(_)) && self.conn.is_none() {
+                result = self.try_batch_once(batch).await;
+                if result.as_ref().is_err_and(Failure::suspect) {
+                    self.conn = None;
+                }
+            }
+        }
+        result
+    }
+
+    async fn try_batch_once(
+        &mut self,
+        batch: &[Request],
+    ) -> Result<Vec<TransitionOutcome>, Failure> {
+        macro_rules! apply_all {
+            ($ops:ident, $tx:ident) => {{
+                let mut outcomes = Vec::with_capacity(batch.len());
+                for (index, request) in batch.iter().enumerate() {
+                    match $ops::apply(&mut $tx, &request.transition).await {
+                        Ok(outcome) => outcomes.push(outcome),
+                        Err(error) => {
+                            // PostgreSQL has aborted the transaction; SQLite
+                            // may hold a half-done claim. None of it stays.
+                            let _ = end_tx($tx, false).await;
+                            return Err(Failure::Item { index, error });
+                        }
+                    }
+                }
+                end_tx($tx, true).await.map_err(Failure::Transaction)?;
+                Ok(outcomes)
+            }};
+        }
+        let op = "begin transition batch";
+        if self.conn.is_none() {
+            let conn = match &self.store {
+                Store::Sqlite(pool) => pool.acquire().await.map(Conn::Sqlite),
+                Store::Postgres(pool) => pool.acquire().await.map(Conn::Postgres),
+            };
+            self.conn = Some(
+                conn.map_err(StoreError::query(op))
+                    .map_err(Failure::Transaction)?,
+            );
+        }
+        match self.conn.as_mut() {
+            Some(Conn::Sqlite(conn)) => {
+                let mut tx = conn
+                    .begin_with(SQLITE_BEGIN_WRITE)
+                    .await
+                    .map_err(StoreError::query(op))
+                    .map_err(Failure::Transaction)?;
+                apply_all!(sqlite_ops, tx)
+            }
+            Some(Conn::Postgres(conn)) => {
+                let mut tx = conn
+                    .begin()
+                    .await
+                    .map_err(StoreError::query(op))
+                    .map_err(Failure::Transaction)?;
+                apply_all!(postgres_ops, tx)
+            }
+            None => unreachable!("acquired above"),
         }
     }
 }

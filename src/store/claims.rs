@@ -91,7 +91,7 @@ const FINISH_EXECUTION: &str = concat!(
 /// SQLite write transactions take the write lock up front: a deferred one
 /// that read first could not upgrade once another connection committed
 /// (SQLITE_BUSY_SNAPSHOT, which the busy timeout does not retry).
-const SQLITE_BEGIN_WRITE: &str = "BEGIN IMMEDIATE";
+pub(super) const SQLITE_BEGIN_WRITE: &str = "BEGIN IMMEDIATE";
 
 pub(super) async fn begin_sqlite_write(
     pool: &sqlx::SqlitePool,
@@ -103,7 +103,7 @@ pub(super) async fn begin_sqlite_write(
 }
 
 pub(super) async fn end_tx<DB: Database>(
-    tx: Transaction<'static, DB>,
+    tx: Transaction<'_, DB>,
     commit: bool,
 ) -> Result<(), StoreError> {
     if commit {

@@ -1,0 +1,211 @@
+//! `ruled serve` as a real process against SQLite and PostgreSQL: the demo
+//! quick start, SIGKILL mid-job and recovery, SIGTERM with jobs in flight,
+//! and INSTANCE_ID ownership.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::TestDb;
+use common::process::{DEADLINE, Install, signal, wait_exit};
+use common::rules::{YEARLY, insert_rule, step};
+use ruled::model::{Execution, ExecutionStatus};
+use ruled::store::Store;
+use serde_json::json;
+use uuid::Uuid;
+
+fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+/// Polls an async condition against the database with a deadline.
+async fn until<F, Fut>(what: &str, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + DEADLINE;
+    while !condition().await {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+async fn executions(store: &Store, id: Uuid) -> Vec<Execution> {
+    store.executions_for(id).await.unwrap()
+}
+
+/// An install on the test's database with a fast engine.
+fn install(db: &TestDb) -> Install {
+    Install::with_database(&db.url)
+}
+
+fn serve(install: &Install, log: &str, extra: &[(&str, &str)]) -> std::process::Child {
+    let mut command = install.command(&["serve"]);
+    command
+        .env("MASTER_GRACE_PERIOD_SECONDS", "0")
+        .env("WORKER_STAGGER_SECONDS", "0")
+        .env("WORKER_COOLDOWN_SECONDS", "0")
+        .env("INSTANCE_ID", "serve-test")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(install.path(log)).unwrap());
+    for (name, value) in extra {
+        command.env(name, value);
+    }
+    command.spawn().unwrap()
+}
+
+both_backends!(
+    a_job_killed_with_sigkill_is_recovered_and_runs_again,
+    tokio::test(flavor = "multi_thread", worker_threads = 2),
+    |db: TestDb| async move {
+        let store = db.store().await;
+        let install = install(&db);
+        let id = insert_rule(
+            &store,
+            YEARLY,
+            now_ms(),
+            &[step("sleep", json!({"ms": 1_500}))],
+        )
+        .await;
+
+        let mut first = serve(&install, "first.log", &[]);
+        until("the job runs", || async {
+            executions(&store, id)
+                .await
+                .iter()
+                .any(|e| e.status == ExecutionStatus::Running)
+        })
+        .await;
+        first.kill().unwrap(); // SIGKILL, mid-job
+        first.wait().unwrap();
+
+        let mut second = serve(&install, "second.log", &[]);
+        until("attempt 2 completes", || async {
+            executions(&store, id)
+                .await
+                .iter()
+                .any(|e| e.attempt == 2 && e.status == ExecutionStatus::Completed)
+        })
+        .await;
+        let runs = executions(&store, id).await;
+        assert_eq!(runs.len(), 2, "{runs:?}");
+        assert_eq!(runs[0].status, ExecutionStatus::Failed);
+        assert_eq!(runs[0].error.as_deref(), Some("worker_lost"));
+        assert_eq!(
+            runs[0].scheduled_for, runs[1].scheduled_for,
+            "the same occurrence"
+        );
+        until("the rule is released", || async {
+            let data = store.load_plan_data(100).await.unwrap();
+            let rule = data.branch_rules.iter().find(|r| r.id == id).unwrap();
+            !rule.is_currently_running && rule.lock_holder.is_none()
+        })
+        .await;
+        assert!(
+            install.log("second.log").contains("worker_lost"),
+            "{}",
+            install.log("second.log")
+        );
+        signal(&second, libc::SIGTERM);
+        assert_eq!(wait_exit(&mut second).code(), Some(0));
+    }
+);
+
+both_backends!(
+    sigterm_with_jobs_in_flight_exits_cleanly,
+    tokio::test(flavor = "multi_thread", worker_threads = 2),
+    |db: TestDb| async move {
+        let store = db.store().await;
+        let install = install(&db);
+        let mut ids = Vec::new();
+        for _ in 0..5 {
+            ids.push(
+                insert_rule(
+                    &store,
+                    YEARLY,
+                    now_ms(),
+                    &[step("sleep", json!({"ms": 1_000}))],
+                )
+                .await,
+            );
+        }
+        let mut server = serve(&install, "serve.log", &[("SHUTDOWN_GRACE_SECONDS", "10")]);
+        until("five jobs run", || async {
+            let mut running = 0;
+            for id in &ids {
+                running += executions(&store, *id)
+                    .await
+                    .iter()
+                    .filter(|e| e.status == ExecutionStatus::Running)
+                    .count();
+            }
+            running == 5
+        })
+        .await;
+        signal(&server, libc::SIGTERM);
+        let status = wait_exit(&mut server);
+        assert_eq!(status.code(), Some(0), "{}", install.log("serve.log"));
+        assert!(install.path("marker.json").exists());
+        for id in &ids {
+            let runs = executions(&store, *id).await;
+            assert_eq!(runs.len(), 1);
+            assert!(runs[0].status.is_terminal(), "{:?}", runs[0]);
+            assert_eq!(
+                runs[0].status,
+                ExecutionStatus::Completed,
+                "finished within the grace period"
+            );
+        }
+    }
+);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_quick_start_shows_the_engine_at_work() {
+    let install = Install::new();
+    let mut server = install
+        .command(&["serve", "--demo"])
+        .env("MASTER_GRACE_PERIOD_SECONDS", "0")
+        .env("WORKER_STAGGER_SECONDS", "0")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(install.path("demo.log")).unwrap())
+        .spawn()
+        .unwrap();
+    for line in [
+        "👑 Master fetched",
+        "📥 Added job",
+        "👷 Worker-",
+        "✅ Worker-",
+    ] {
+        install.wait_for_log("demo.log", line);
+    }
+    signal(&server, libc::SIGINT);
+    assert_eq!(wait_exit(&mut server).code(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_process_with_the_same_instance_id_is_refused() {
+    let install = Install::new();
+    let mut first = install
+        .command(&["serve"])
+        .env("INSTANCE_ID", "only-one")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(install.path("first.log")).unwrap())
+        .spawn()
+        .unwrap();
+    install.wait_for_log("first.log", "started");
+    let second = install
+        .command(&["serve"])
+        .env("INSTANCE_ID", "only-one")
+        .env("PLAN_FILE", install.path("other-plan.json"))
+        .output()
+        .unwrap();
+    assert!(!second.status.success());
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        stderr.contains("INSTANCE_ID") && stderr.contains("only-one"),
+        "{stderr}"
+    );
+    signal(&first, libc::SIGTERM);
+    assert_eq!(wait_exit(&mut first).code(), Some(0));
+}
