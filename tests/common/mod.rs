@@ -257,3 +257,65 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A database made unavailable to the service under test, until
+/// [`Outage::restore`].
+pub enum Outage {
+    /// Another connection holds SQLite's write lock: every writer waits out
+    /// its busy timeout and fails with "database is locked", as with a
+    /// long-running migration or backup.
+    Sqlite(sqlx::SqliteConnection),
+    /// The database was renamed away after its connections were
+    /// terminated: every reconnect fails, as with a server outage.
+    Postgres { admin_url: String, name: String },
+}
+
+impl TestDb {
+    pub async fn outage(&self) -> Outage {
+        match &self.guard {
+            Guard::Sqlite(_) => {
+                let mut conn = sqlx::SqliteConnection::connect(&self.url).await.unwrap();
+                conn.execute("BEGIN EXCLUSIVE").await.unwrap();
+                Outage::Sqlite(conn)
+            }
+            Guard::Postgres(db) => {
+                let away = format!("{}_away", db.name);
+                let sql = format!(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{0}'; \
+                     ALTER DATABASE \"{0}\" RENAME TO \"{away}\"",
+                    db.name
+                );
+                // The service's pool may reconnect between the two
+                // statements; try again until the rename wins.
+                let mut last = String::new();
+                for _ in 0..50 {
+                    match admin_sql(&db.admin_url, sql.clone()) {
+                        Ok(()) => {
+                            return Outage::Postgres {
+                                admin_url: db.admin_url.clone(),
+                                name: db.name.clone(),
+                            };
+                        }
+                        Err(e) => last = e,
+                    }
+                }
+                panic!("could not take {} away: {last}", db.name);
+            }
+        }
+    }
+}
+
+impl Outage {
+    pub async fn restore(self) {
+        match self {
+            Outage::Sqlite(mut conn) => {
+                conn.execute("COMMIT").await.unwrap();
+                conn.close().await.unwrap();
+            }
+            Outage::Postgres { admin_url, name } => {
+                let sql = format!("ALTER DATABASE \"{name}_away\" RENAME TO \"{name}\"");
+                admin_sql(&admin_url, sql).unwrap();
+            }
+        }
+    }
+}

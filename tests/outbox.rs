@@ -1,0 +1,92 @@
+//! The outbox: a post-process the database cannot take is kept, saved with
+//! the plan, and delivered once the database is back; the occurrence runs
+//! exactly once.
+
+mod common;
+
+use std::time::Duration;
+
+use common::rules::{YEARLY, insert_rule, step};
+use common::service::start_service_with;
+use common::{TestDb, eventually};
+use ruled::actors::ask;
+use ruled::config::Config;
+use ruled::messages::PlanMsg;
+use ruled::model::ExecutionStatus;
+use serde_json::json;
+
+const DEADLINE: Duration = Duration::from_secs(40);
+
+both_backends!(
+    a_post_process_during_an_outage_lands_later_exactly_once,
+    tokio::test(flavor = "multi_thread", worker_threads = 2),
+    |db: TestDb| async move {
+        let running = start_service_with(&db.url, |c| Config {
+            master_grace_period: Duration::ZERO,
+            worker_stagger: Duration::ZERO,
+            worker_cooldown: Duration::ZERO,
+            ..c
+        })
+        .await;
+        let service = &running.service;
+        let store = service.store();
+        let id = insert_rule(
+            store,
+            YEARLY,
+            chrono::Utc::now().timestamp_millis(),
+            &[step("sleep", json!({"ms": 1_500}))],
+        )
+        .await;
+        eventually(DEADLINE, "the job runs", || async {
+            store
+                .executions_for(id)
+                .await
+                .unwrap()
+                .iter()
+                .any(|e| e.status == ExecutionStatus::Running)
+        })
+        .await;
+
+        // The database goes away while the job is still running.
+        let outage = db.outage().await;
+        let plan = service.directory().plan().unwrap();
+        eventually(DEADLINE, "the post-process waits in the outbox", || async {
+            ask(&plan, PlanMsg::Outbox)
+                .await
+                .is_ok_and(|outbox| outbox.len() == 1)
+        })
+        .await;
+        let snapshot = ask(&plan, PlanMsg::Snapshot).await.unwrap();
+        assert_eq!(snapshot.outbox.len(), 1, "saved with the plan");
+        let workflow = snapshot.workflows.iter().find(|w| w.id() == id).unwrap();
+        let now = chrono::Utc::now().timestamp_millis();
+        assert!(
+            workflow.branch_rule.next_run_time.unwrap() > now,
+            "next_run_time computed locally: {workflow:?}"
+        );
+
+        outage.restore().await;
+        eventually(DEADLINE, "the outbox is delivered", || async {
+            let landed = store
+                .executions_for(id)
+                .await
+                .is_ok_and(|runs| runs.iter().any(|e| e.status == ExecutionStatus::Completed));
+            let empty = ask(&plan, PlanMsg::Outbox)
+                .await
+                .is_ok_and(|o| o.is_empty());
+            landed && empty
+        })
+        .await;
+        let runs = store.executions_for(id).await.unwrap();
+        assert_eq!(runs.len(), 1, "exactly one run of the occurrence: {runs:?}");
+        let data = store.load_plan_data(100).await.unwrap();
+        let rule = data.branch_rules.iter().find(|r| r.id == id).unwrap();
+        assert!(
+            !rule.is_currently_running && rule.lock_holder.is_none(),
+            "{rule:?}"
+        );
+        assert!(rule.next_run_time.unwrap() > now, "{rule:?}");
+        assert!(rule.last_run_time.is_some());
+        running.service.shutdown("test").await.unwrap();
+    }
+);
