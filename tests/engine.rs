@@ -323,3 +323,82 @@ both_backends!(
         running.service.shutdown("test").await.unwrap();
     }
 );
+
+both_backends!(
+    multi_job_mode_reuses_its_workers,
+    tokio::test(flavor = "multi_thread", worker_threads = 2),
+    |db: TestDb| async move {
+        let running = start(&db, |c| Config {
+            worker_single_job_mode: false,
+            worker_count: 2,
+            ..c
+        })
+        .await;
+        let service = &running.service;
+        let mut ids = Vec::new();
+        for _ in 0..10 {
+            ids.push(
+                insert_rule(
+                    service.store(),
+                    YEARLY,
+                    now_ms(),
+                    &[step("noop", json!({}))],
+                )
+                .await,
+            );
+        }
+        let mut workers = HashSet::new();
+        for id in &ids {
+            let done = wait_for_status(service, *id, ExecutionStatus::Completed).await;
+            workers.insert(done.output.unwrap()["worker"].as_str().unwrap().to_string());
+        }
+        assert!(
+            workers.len() <= 2,
+            "ten jobs on at most two workers: {workers:?}"
+        );
+        let stats = queue_stats(service).await;
+        assert_eq!((stats.alive_workers, stats.total_workers), (2, 2));
+        running.service.shutdown("test").await.unwrap();
+    }
+);
+
+both_backends!(
+    force_stop_cancels_the_running_job_and_holds_the_rule,
+    tokio::test(flavor = "multi_thread", worker_threads = 2),
+    |db: TestDb| async move {
+        let running = start(&db, |c| c).await;
+        let service = &running.service;
+        // Every minute: without the force-stop it would run again soon.
+        let id = insert_rule(
+            service.store(),
+            "* * * * *",
+            now_ms(),
+            &[step("sleep", json!({"ms": 30_000}))],
+        )
+        .await;
+        wait_for_status(service, id, ExecutionStatus::Running).await;
+        let master = service.directory().master().unwrap();
+        let outcome = ask(&master, |reply| MasterMsg::ForceStop {
+            branch_rule_id: id,
+            reply,
+        })
+        .await
+        .unwrap()
+        .unwrap();
+        assert!(outcome.flag_set);
+        assert_eq!(outcome.cancel, CancelOutcome::CancelSentToWorker);
+        wait_for_status(service, id, ExecutionStatus::Cancelled).await;
+        let plan = service.directory().plan().unwrap();
+        eventually(DEADLINE, "the plan holds the rule back", || async {
+            let snapshot = ask(&plan, ruled::messages::PlanMsg::Snapshot)
+                .await
+                .unwrap();
+            snapshot
+                .workflows
+                .iter()
+                .any(|w| w.id() == id && w.branch_rule.is_force_stopped)
+        })
+        .await;
+        running.service.shutdown("test").await.unwrap();
+    }
+);

@@ -5,11 +5,12 @@
 //! plan, a plan change, a free worker, and MASTER_FETCH_INTERVAL_SECONDS,
 //! so a rule starts within milliseconds of its due time.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 use tracing::{debug, error, info, warn};
 use uuid::Uuid;
@@ -24,9 +25,10 @@ use crate::messages::worker::{CancelReason, Job};
 use crate::messages::{MasterMsg, PlanMsg, WorkerMsg};
 use crate::metrics as m;
 use crate::model::{ExecutionStatus, Millis};
+use crate::plan::JobSpec;
 use crate::plan::OutboxEntry;
-use crate::queue::JobQueue;
-use crate::store::{ClaimRequest, Fence, Finish, Store, TransitionBatcher};
+use crate::queue::{DedupReason, JobQueue};
+use crate::store::{Claim, ClaimRequest, Fence, Finish, Store, TransitionBatcher};
 use crate::supervision::Directory;
 
 pub struct MasterActor;
@@ -59,6 +61,8 @@ pub struct MasterState {
     /// Workers started and not yet stopped (idle, busy, or between the two).
     alive: HashMap<ActorId, ActorRef<WorkerMsg>>,
     next_worker_number: u64,
+    /// Rules whose claims are in flight: not fetched again meanwhile.
+    claiming: HashSet<Uuid>,
     tick_generation: u64,
     next_tick_at: Option<Millis>,
     started: bool,
@@ -95,6 +99,7 @@ impl Actor for MasterActor {
             busy: HashMap::new(),
             alive: HashMap::new(),
             next_worker_number: 1,
+            claiming: HashSet::new(),
             tick_generation: 0,
             next_tick_at: None,
             started: false,
@@ -123,6 +128,11 @@ impl Actor for MasterActor {
                 if state.started {
                     state.schedule_tick(&myself, Duration::ZERO);
                 }
+            }
+            MasterMsg::ClaimsDone(results) => {
+                state.claims_done(results).await;
+                state.dispatch().await;
+                state.publish_gauges();
             }
             MasterMsg::SpawnWorker => state.spawn_worker(&myself).await,
             MasterMsg::JobFinished(report) => state.job_finished(&myself, report),
@@ -188,7 +198,15 @@ impl MasterState {
         if self.drain.is_some() {
             return;
         }
-        let next_wake = self.fetch().await;
+        // A fetch walks the plan and claims in the database; while the queue
+        // holds a round of work for every worker, a free worker only needs
+        // the next queued job.
+        let pending = self.queue.queued_len() + self.claiming.len();
+        let next_wake = if pending < self.args.config.worker_count {
+            self.fetch(myself).await
+        } else {
+            None
+        };
         self.dispatch().await;
         let now = self.args.clock.now_ms();
         let queue_interval = fetch_interval.as_millis() as Millis;
@@ -201,7 +219,7 @@ impl MasterState {
     /// Fetches the ready set, deduplicates, claims and queues. Returns when
     /// the plan says to look again. Claims fail closed: with the database
     /// down nothing is queued.
-    async fn fetch(&mut self) -> Option<Millis> {
+    async fn fetch(&mut self, myself: &ActorRef<MasterMsg>) -> Option<Millis> {
         let plan = self.args.directory.plan()?;
         let ready = match ask(&plan, PlanMsg::ReadyJobs).await {
             Ok(ready) => ready,
@@ -214,10 +232,13 @@ impl MasterState {
         let mut admitted = Vec::new();
         for spec in ready.jobs {
             let id = spec.branch_rule.id;
-            match self
-                .queue
-                .admit(id, now, spec.branch_rule.is_currently_running)
-            {
+            let check = if self.claiming.contains(&id) {
+                Err(DedupReason::Queued)
+            } else {
+                self.queue
+                    .admit(id, now, spec.branch_rule.is_currently_running)
+            };
+            match check {
                 Ok(()) => admitted.push(spec),
                 Err(reason) => {
                     metrics::counter!(m::JOBS_DEDUPLICATED_TOTAL, "reason" => reason.as_str())
@@ -225,53 +246,91 @@ impl MasterState {
                 }
             }
         }
-        if admitted.is_empty() {
-            return ready.next_wake;
+        if !admitted.is_empty() {
+            self.claim(myself, admitted, now);
         }
+        ready.next_wake
+    }
+
+    /// Claims in the background: the claims share the store's group commit
+    /// with the other lifecycle writes, and the master keeps dispatching
+    /// meanwhile. The results come back as [`MasterMsg::ClaimsDone`].
+    fn claim(&mut self, myself: &ActorRef<MasterMsg>, specs: Vec<JobSpec>, now: Millis) {
         let holder = self.args.config.instance_id.clone();
         let lock_timeout_ms = self.args.config.schedule_lock_timeout.as_millis() as Millis;
-        let requests: Vec<ClaimRequest> = admitted
-            .iter()
-            .map(|spec| ClaimRequest {
+        let mut claims = JoinSet::new();
+        for (index, spec) in specs.iter().enumerate() {
+            self.claiming.insert(spec.branch_rule.id);
+            let request = ClaimRequest {
                 branch_rule_id: spec.branch_rule.id,
                 holder: holder.clone(),
                 now,
                 lock_timeout_ms,
                 execution_id: Uuid::new_v4(),
                 run_now: false,
-            })
-            .collect();
-        let claims = match self.args.store.claim_batch(&requests).await {
-            Ok(claims) => claims,
-            Err(e) => {
-                metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "claim").increment(1);
-                metrics::counter!(m::LOCK_CLAIMS_TOTAL, "result" => "error")
-                    .increment(requests.len() as u64);
-                warn!("⚠️ Claims failed, nothing dispatched: {e}");
-                return ready.next_wake;
+            };
+            let batcher = self.args.batcher.clone();
+            claims.spawn(async move { (index, batcher.claim(&request).await) });
+        }
+        let master = myself.clone();
+        tokio::spawn(async move {
+            let mut outcomes: Vec<Result<Option<Claim>, String>> =
+                vec![Err("the claim task was lost".to_string()); specs.len()];
+            while let Some(joined) = claims.join_next().await {
+                if let Ok((index, outcome)) = joined {
+                    outcomes[index] = outcome.map_err(|e| e.to_string());
+                }
             }
-        };
+            let _ = master.cast(MasterMsg::ClaimsDone(
+                specs.into_iter().zip(outcomes).collect(),
+            ));
+        });
+    }
+
+    /// Queues what the claims won. During a drain, won claims are released
+    /// instead (recorded Cancelled, not advanced), so they run after the
+    /// restart.
+    async fn claims_done(&mut self, results: Vec<(JobSpec, Result<Option<Claim>, String>)>) {
+        let holder = self.args.config.instance_id.clone();
         let mut claimed_ids = Vec::new();
-        for (spec, claim) in admitted.into_iter().zip(claims) {
-            let Some(claim) = claim else {
-                metrics::counter!(m::LOCK_CLAIMS_TOTAL, "result" => "lost").increment(1);
-                debug!(branch_rule_id = %spec.branch_rule.id, "Claim lost to another instance");
-                continue;
+        let mut errors = 0;
+        for (spec, outcome) in results {
+            let id = spec.branch_rule.id;
+            self.claiming.remove(&id);
+            let claim = match outcome {
+                Ok(Some(claim)) => claim,
+                Ok(None) => {
+                    metrics::counter!(m::LOCK_CLAIMS_TOTAL, "result" => "lost").increment(1);
+                    debug!(branch_rule_id = %id, "Claim lost to another instance");
+                    continue;
+                }
+                Err(e) => {
+                    metrics::counter!(m::LOCK_CLAIMS_TOTAL, "result" => "error").increment(1);
+                    metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "claim").increment(1);
+                    if errors == 0 {
+                        warn!("⚠️ Claims failed, nothing dispatched for them: {e}");
+                    }
+                    errors += 1;
+                    continue;
+                }
             };
             metrics::counter!(m::LOCK_CLAIMS_TOTAL, "result" => "won").increment(1);
-            let id = spec.branch_rule.id;
-            let fence = Fence {
-                execution_id: claim.execution.id,
-                branch_rule_id: id,
-                holder: holder.clone(),
-                epoch: claim.execution.lock_epoch,
-            };
             let execution_id = claim.execution.id;
             let job = Box::new(Job {
+                fence: Fence {
+                    execution_id,
+                    branch_rule_id: id,
+                    holder: holder.clone(),
+                    epoch: claim.execution.lock_epoch,
+                },
                 execution: claim.execution,
-                fence,
                 spec,
             });
+            if self.drain.is_some() {
+                self.release(&job, "cancelled at shutdown before the handoff")
+                    .await;
+                continue;
+            }
             if self.queue.push(id, job).is_ok() {
                 claimed_ids.push(id);
                 info!(branch_rule_id = %id, %execution_id, "📥 Added job {id}");
@@ -279,64 +338,45 @@ impl MasterState {
         }
         if !claimed_ids.is_empty() {
             info!("👑 Master fetched {} jobs", claimed_ids.len());
-            let _ = plan.cast(PlanMsg::Claimed(claimed_ids));
+            if let Some(plan) = self.args.directory.plan() {
+                let _ = plan.cast(PlanMsg::Claimed(claimed_ids));
+            }
         }
-        ready.next_wake
+        self.finish_drain_if_done();
     }
 
-    /// Hands queued jobs to idle workers. The Scheduled writes of one round
-    /// go out together so the store can commit them in one batch.
+    /// Hands queued jobs to idle workers. The Scheduled write goes out in
+    /// the background (the store commits concurrent ones together) and the
+    /// worker waits for it before writing Running, so dispatching never
+    /// waits on a commit.
     async fn dispatch(&mut self) {
-        let mut handoffs = Vec::new();
+        let now = self.args.clock.now_ms();
         while !self.idle.is_empty() && self.queue.queued_len() > 0 {
             let worker = self.idle.pop_front().expect("checked non-empty");
             let (_, job) = self
                 .queue
                 .start_next(|job| job.execution_id())
                 .expect("checked non-empty");
-            handoffs.push((worker, job));
-        }
-        if handoffs.is_empty() {
-            return;
-        }
-        let now = self.args.clock.now_ms();
-        let mut writes = JoinSet::new();
-        for (index, (_, job)) in handoffs.iter().enumerate() {
+            let (scheduled_tx, scheduled) = oneshot::channel();
             let batcher = self.args.batcher.clone();
             let fence = job.fence.clone();
-            writes.spawn(async move { (index, batcher.mark_scheduled(&fence, now).await) });
-        }
-        let mut results = vec![None; handoffs.len()];
-        while let Some(joined) = writes.join_next().await {
-            if let Ok((index, result)) = joined {
-                results[index] = Some(result);
-            }
-        }
-        for ((worker, job), result) in handoffs.into_iter().zip(results) {
-            match result {
-                Some(Ok(true)) => {}
-                Some(Ok(false)) => {
-                    // Cancelled or taken over between claim and handoff.
-                    warn!(branch_rule_id = %job.branch_rule_id(), "Claim lost before the handoff");
-                    self.queue.finish(job.branch_rule_id(), now);
-                    self.idle.push_back(worker);
-                    continue;
-                }
-                Some(Err(e)) => {
-                    metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "mark_scheduled").increment(1);
-                    warn!(branch_rule_id = %job.branch_rule_id(), "Scheduled state not recorded: {e}");
-                }
-                None => warn!(branch_rule_id = %job.branch_rule_id(), "Scheduled write was lost"),
-            }
-            if worker.cast(WorkerMsg::Run(job.clone())).is_ok() {
+            tokio::spawn(async move {
+                let result = batcher.mark_scheduled(&fence, now).await;
+                let _ = scheduled_tx.send(result.map_err(|e| e.to_string()));
+            });
+            let run = WorkerMsg::Run {
+                job: job.clone(),
+                scheduled,
+            };
+            if worker.cast(run).is_ok() {
                 self.busy
                     .insert(worker.get_id(), BusyWorker { worker, job });
             } else {
                 // The worker died between being idle and the handoff; its
-                // supervision event respawns it. Put the job back in front.
+                // supervision event brings a fresh one.
+                warn!(branch_rule_id = %job.branch_rule_id(), "Worker gone at the handoff; the job is released");
                 self.queue.finish(job.branch_rule_id(), now);
-                warn!(branch_rule_id = %job.branch_rule_id(), "Worker gone at handoff; the job is released");
-                self.release(&job, "worker gone at handoff").await;
+                self.release(&job, "worker gone at the handoff").await;
             }
         }
     }
@@ -615,7 +655,7 @@ impl MasterState {
         let Some(drain) = self.drain.as_mut() else {
             return;
         };
-        if !self.busy.is_empty() {
+        if !self.busy.is_empty() || !self.claiming.is_empty() {
             return;
         }
         if let Some(reply) = drain.reply.take() {

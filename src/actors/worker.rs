@@ -80,7 +80,14 @@ impl Actor for WorkerActor {
         state: &mut WorkerState,
     ) -> Result<(), ActorProcessingErr> {
         match message {
-            WorkerMsg::Run(job) => state.start(&myself, job).await,
+            WorkerMsg::Run { job, scheduled } => {
+                if state.handoff_confirmed(&job, scheduled).await {
+                    state.start(&myself, job).await;
+                } else {
+                    state.report(&job, ExecutionStatus::Cancelled);
+                    myself.stop(Some("claim lost before the handoff".into()));
+                }
+            }
             WorkerMsg::Cancel {
                 execution_id,
                 reason,
@@ -128,6 +135,31 @@ impl CurrentJob {
 }
 
 impl WorkerState {
+    /// Waits for the master's Scheduled write. `false` when it found the
+    /// claim gone (cancelled or taken over): the job is not ours to run. A
+    /// database error does not stop the job: the claim holds, and the later
+    /// writes record the outcome.
+    async fn handoff_confirmed(
+        &self,
+        job: &Job,
+        scheduled: oneshot::Receiver<Result<bool, String>>,
+    ) -> bool {
+        match scheduled.await {
+            Ok(Ok(confirmed)) => {
+                if !confirmed {
+                    warn!(branch_rule_id = %job.branch_rule_id(), "Claim lost before the handoff");
+                }
+                confirmed
+            }
+            Ok(Err(e)) => {
+                metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "mark_scheduled").increment(1);
+                warn!(branch_rule_id = %job.branch_rule_id(), "Scheduled state not recorded: {e}");
+                true
+            }
+            Err(_) => true,
+        }
+    }
+
     async fn start(&mut self, myself: &ActorRef<WorkerMsg>, job: Box<Job>) {
         let args = &self.args;
         let now = args.clock.now_ms();

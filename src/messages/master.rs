@@ -5,7 +5,9 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use crate::model::ExecutionStatus;
+use crate::plan::JobSpec;
 use crate::queue::QueueStats;
+use crate::store::Claim;
 
 /// Messages of the [`MasterActor`](crate::actors::master::MasterActor).
 #[derive(Debug)]
@@ -14,6 +16,8 @@ pub enum MasterMsg {
     /// of the timer that sent it; a tick superseded by an earlier wake-up is
     /// ignored.
     Tick(u64),
+    /// The claims of one fetch came back (sent by the master's claim task).
+    ClaimsDone(Vec<(JobSpec, Result<Option<Claim>, String>)>),
     /// The plan changed (a refresh, a finished job): look again now.
     PlanChanged,
     /// Start one worker actor (at start-up, staggered; after a cooldown).

@@ -1,3 +1,4 @@
+use tokio::sync::oneshot;
 use uuid::Uuid;
 
 use crate::model::Execution;
@@ -47,8 +48,13 @@ pub struct JobOutcome {
 /// Messages of the [`WorkerActor`](crate::actors::worker::WorkerActor).
 #[derive(Debug)]
 pub enum WorkerMsg {
-    /// The handoff.
-    Run(Box<Job>),
+    /// The handoff. The master's Scheduled write may still be in flight:
+    /// `scheduled` says how it went, and the worker waits for it before
+    /// writing Running, so the master is never held up by a commit.
+    Run {
+        job: Box<Job>,
+        scheduled: oneshot::Receiver<Result<bool, String>>,
+    },
     Cancel {
         execution_id: Uuid,
         reason: CancelReason,

@@ -400,14 +400,16 @@ impl ExecutionPlan {
     /// Crash recovery: nothing runs in a process that has just started.
     /// Returns how many flags were reset.
     pub fn reset_running_flags(&mut self) -> usize {
-        let mut reset = 0;
-        for workflow in self.workflows.values_mut() {
-            if workflow.branch_rule.is_currently_running {
-                workflow.branch_rule.is_currently_running = false;
-                reset += 1;
-            }
+        let running: Vec<Uuid> = self
+            .workflows
+            .values()
+            .filter(|w| w.branch_rule.is_currently_running)
+            .map(Workflow::id)
+            .collect();
+        for id in &running {
+            self.update(id, |w| w.branch_rule.is_currently_running = false);
         }
-        reset
+        running.len()
     }
 
     /// Ids whose next_run_time is at or before `now`, in (next_run_time, id)
@@ -455,13 +457,16 @@ impl ExecutionPlan {
     }
 }
 
-/// Only workflows that could ever become ready are indexed; archived,
-/// inactive, force-stopped and removed ones would only lengthen the walk.
+/// Only workflows that could become ready without a change are indexed:
+/// archived, inactive, force-stopped, removed and running ones would only
+/// lengthen the walk (a burst of claimed jobs would be walked past on
+/// every fetch until they finish).
 pub(crate) fn indexed_time(workflow: &Workflow) -> Option<Millis> {
     let row = &workflow.branch_rule;
     let could_run = row.is_active
         && !row.is_archived
         && !row.is_force_stopped
+        && !row.is_currently_running
         && workflow.missing_since.is_none();
     row.next_run_time.filter(|_| could_run)
 }

@@ -1,0 +1,290 @@
+//! Engine throughput and dispatch lag (issue 3).
+//!
+//! `cargo bench --bench engine` runs, on SQLite (WAL) and, when reachable,
+//! PostgreSQL (`RULED_BENCH_POSTGRES_URL`, default the local test server):
+//!
+//! - burst: 10,000 rules due at the same instant, noop actions, single-job
+//!   mode with cooldown 0, WORKER_COUNT 10 and 50: time to drain, jobs/s,
+//!   start lag (started_at − scheduled_for) p50/p99 — every state recorded;
+//! - spread: 1,000 rules due one every 10 ms: start lag p50/p99.
+//!
+//! `RULED_BENCH_BACKENDS=sqlite` skips PostgreSQL.
+//!
+//! Nothing here asserts a time; the figures go to BENCHMARKS.md.
+
+use std::time::{Duration, Instant};
+
+use ruled::clock::Clock;
+use ruled::config::Config;
+use ruled::model::*;
+use ruled::service::Service;
+use ruled::store::Store;
+use serde_json::json;
+use uuid::Uuid;
+
+const BURST: usize = 10_000;
+const SPREAD: usize = 1_000;
+const SPREAD_STEP_MS: i64 = 10;
+
+fn now_ms() -> Millis {
+    chrono::Utc::now().timestamp_millis()
+}
+
+/// One brand, branch, rule and noop template; `due.len()` branch rules
+/// with one action each, written in multi-row statements.
+async fn seed(store: &Store, due: &[Millis]) -> Vec<Uuid> {
+    let now = now_ms();
+    let (brand, branch, rule, template) = (
+        Uuid::new_v4(),
+        Uuid::new_v4(),
+        Uuid::new_v4(),
+        Uuid::new_v4(),
+    );
+    store
+        .insert_brand(&Brand {
+            id: brand,
+            name: "bench".into(),
+            settings: json!({}),
+            created_at: now,
+            updated_at: now,
+        })
+        .await
+        .unwrap();
+    store
+        .insert_branch(&Branch {
+            id: branch,
+            brand_id: brand,
+            name: "bench".into(),
+            timezone: Some("UTC".into()),
+            is_active: true,
+            created_at: now,
+            updated_at: now,
+        })
+        .await
+        .unwrap();
+    store
+        .insert_rule(&Rule {
+            id: rule,
+            brand_id: Some(brand),
+            name: "bench".into(),
+            status: RuleStatus::Active,
+            cron_expression: "0 0 1 1 *".into(),
+            settings: json!({}),
+            created_at: now,
+            updated_at: now,
+        })
+        .await
+        .unwrap();
+    store
+        .insert_action_template(&ActionTemplate {
+            id: template,
+            name: "noop".into(),
+            kind: "noop".into(),
+            config: json!({}),
+            created_at: now,
+            updated_at: now,
+        })
+        .await
+        .unwrap();
+    let ids: Vec<Uuid> = due.iter().map(|_| Uuid::new_v4()).collect();
+    for (chunk_ids, chunk_due) in ids.chunks(500).zip(due.chunks(500)) {
+        let rules: Vec<String> = chunk_ids
+            .iter()
+            .zip(chunk_due)
+            .map(|(id, at)| {
+                format!("('{id}', '{branch}', '{rule}', TRUE, FALSE, FALSE, FALSE, {at}, 0, '{{}}', {now}, {now})")
+            })
+            .collect();
+        store
+            .execute_sql(&format!(
+                "INSERT INTO branch_rules (id, branch_id, rule_id, is_active, is_archived, is_force_stopped, \
+                 is_currently_running, next_run_time, lock_epoch, params, created_at, updated_at) VALUES {}",
+                rules.join(", ")
+            ))
+            .await
+            .unwrap();
+        let details: Vec<String> = chunk_ids
+            .iter()
+            .map(|id| {
+                format!(
+                    "('{}', '{id}', '{template}', 0, '{{}}', {now}, {now})",
+                    Uuid::new_v4()
+                )
+            })
+            .collect();
+        store
+            .execute_sql(&format!(
+                "INSERT INTO action_details (id, branch_rule_id, action_template_id, position, params, created_at, updated_at) VALUES {}",
+                details.join(", ")
+            ))
+            .await
+            .unwrap();
+    }
+    ids
+}
+
+fn config(database_url: &str, dir: &std::path::Path, workers: usize) -> Config {
+    Config {
+        database_url: database_url.to_string(),
+        plan_file: dir.join("plan.json"),
+        shutdown_marker_file: dir.join("marker.json"),
+        master_grace_period: Duration::ZERO,
+        worker_count: workers,
+        worker_cooldown: Duration::ZERO,
+        worker_stagger: Duration::ZERO,
+        // More than one tick's cap: the burst needs several fetches anyway.
+        plan_action_details_cap: 20_000,
+        ..Config::default()
+    }
+}
+
+struct Run {
+    drain: Duration,
+    lags: Vec<Millis>,
+}
+
+/// Starts a service on `url`, seeds `due`, waits until every execution is
+/// completed, and reads the lags back from the executions table.
+async fn run(url: &str, workers: usize, due: Vec<Millis>) -> Run {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::connect(url).await.unwrap();
+    store.migrate().await.unwrap();
+    seed(&store, &due).await;
+    let total = due.len() as i64;
+    let started = Instant::now();
+    let service = Service::start(config(url, dir.path(), workers), Clock::system())
+        .await
+        .unwrap();
+    loop {
+        let counts = store.count_executions_by_status().await.unwrap();
+        let completed = counts
+            .iter()
+            .find(|(s, _)| *s == ExecutionStatus::Completed)
+            .map_or(0, |(_, n)| *n);
+        if completed >= total {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(600),
+            "the run did not finish"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let drain = started.elapsed();
+    service.shutdown("bench").await.unwrap();
+    let mut lags = Vec::with_capacity(due.len());
+    let mut cursor = None;
+    loop {
+        let filter = ruled::store::ExecutionFilter {
+            branch_rule_id: None,
+            status: None,
+            from: None,
+            to: None,
+            limit: 1_000,
+            after: cursor,
+        };
+        let page = store.list_executions(&filter).await.unwrap();
+        if page.is_empty() {
+            break;
+        }
+        for execution in &page {
+            assert!(execution.scheduled_at.is_some() && execution.finished_at.is_some());
+            lags.push(execution.started_at.unwrap() - execution.scheduled_for);
+        }
+        cursor = filter.next_cursor(&page);
+        if cursor.is_none() {
+            break;
+        }
+    }
+    assert_eq!(lags.len(), due.len(), "one execution per occurrence");
+    lags.sort();
+    store.close().await;
+    Run { drain, lags }
+}
+
+fn percentile(sorted: &[Millis], p: f64) -> Millis {
+    sorted[((sorted.len() as f64 * p) as usize).min(sorted.len() - 1)]
+}
+
+async fn backends() -> Vec<(&'static str, String, Option<String>)> {
+    let mut out = Vec::new();
+    let dir = tempfile::tempdir().unwrap().keep();
+    out.push((
+        "SQLite (WAL)",
+        format!("sqlite://{}/bench.db", dir.display()),
+        None,
+    ));
+    if std::env::var("RULED_BENCH_BACKENDS").is_ok_and(|b| !b.contains("postgres")) {
+        return out;
+    }
+    let admin = std::env::var("RULED_BENCH_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    if let Ok(admin_store) = Store::connect(&admin).await {
+        let name = format!("ruled_bench_{}", Uuid::new_v4().simple());
+        admin_store
+            .execute_sql(&format!("CREATE DATABASE {name}"))
+            .await
+            .unwrap();
+        admin_store.close().await;
+        let base = admin
+            .rsplit_once('/')
+            .map_or(admin.as_str(), |(base, _)| base);
+        out.push(("PostgreSQL", format!("{base}/{name}"), Some(name)));
+    } else {
+        eprintln!("PostgreSQL not reachable at {admin}: SQLite only");
+    }
+    out
+}
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        println!("| backend | scenario | workers | jobs | drain | jobs/s | lag p50 | lag p99 |");
+        println!("|---|---|---:|---:|---:|---:|---:|---:|");
+        for (label, base_url, _) in backends().await {
+            for workers in [10, 50] {
+                let url = fresh(&base_url, &format!("burst{workers}")).await;
+                let due = vec![now_ms() - 1_000; BURST];
+                let result = run(&url, workers, due).await;
+                report(label, "burst", workers, &result);
+            }
+            let url = fresh(&base_url, "spread").await;
+            let start = now_ms() + 2_000;
+            let due = (0..SPREAD as i64)
+                .map(|i| start + i * SPREAD_STEP_MS)
+                .collect();
+            let result = run(&url, 10, due).await;
+            report(label, "spread 10 ms", 10, &result);
+        }
+    });
+}
+
+/// A new empty database next to `base_url` for one scenario.
+async fn fresh(base_url: &str, suffix: &str) -> String {
+    if let Some(path) = base_url.strip_prefix("sqlite://") {
+        return format!("sqlite://{}.{suffix}.db", path.trim_end_matches(".db"));
+    }
+    let (server, name) = base_url.rsplit_once('/').unwrap();
+    let admin = Store::connect(&format!("{server}/test")).await.unwrap();
+    let scenario = format!("{name}_{suffix}");
+    admin
+        .execute_sql(&format!("CREATE DATABASE {scenario}"))
+        .await
+        .unwrap();
+    admin.close().await;
+    format!("{server}/{scenario}")
+}
+
+fn report(backend: &str, scenario: &str, workers: usize, run: &Run) {
+    let jobs = run.lags.len();
+    println!(
+        "| {backend} | {scenario} | {workers} | {jobs} | {:.2} s | {:.0} | {} ms | {} ms |",
+        run.drain.as_secs_f64(),
+        jobs as f64 / run.drain.as_secs_f64(),
+        percentile(&run.lags, 0.50),
+        percentile(&run.lags, 0.99),
+    );
+}
