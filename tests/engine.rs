@@ -403,3 +403,30 @@ both_backends!(
         running.service.shutdown("test").await.unwrap();
     }
 );
+
+both_backends!(
+    a_rule_past_the_action_details_cap_reads_its_steps_from_the_database,
+    tokio::test(flavor = "multi_thread", worker_threads = 2),
+    |db: TestDb| async move {
+        // A cap of one: the plan caches at most one detail, so this rule's
+        // two steps are not in the plan and the worker reads them.
+        let running = start(&db, |c| Config {
+            plan_action_details_cap: 1,
+            ..c
+        })
+        .await;
+        let service = &running.service;
+        let id = insert_rule(
+            service.store(),
+            YEARLY,
+            now_ms(),
+            &[step("noop", json!({})), step("sleep", json!({"ms": 1}))],
+        )
+        .await;
+        let done = wait_for_status(service, id, ExecutionStatus::Completed).await;
+        let steps = done.output.unwrap()["steps"].as_array().unwrap().clone();
+        let kinds: Vec<&str> = steps.iter().map(|s| s["kind"].as_str().unwrap()).collect();
+        assert_eq!(kinds, vec!["noop", "sleep"]);
+        running.service.shutdown("test").await.unwrap();
+    }
+);

@@ -9,7 +9,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::Poll;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use common::TestDb;
 use ruled::model::{
@@ -1072,18 +1072,23 @@ both_backends!(
 );
 
 both_backends!(
-    the_batcher_reports_an_unreachable_database,
+    the_batcher_lets_the_store_close_and_then_reports_errors,
     |db: TestDb| async move {
         let store = store_with_rules(&db, [10]).await;
         let won = claim(&store, 10, HOLDER, T0).await;
-        let batcher = TransitionBatcher::new(store.clone());
-        store.close().await;
         let fence = won.fence();
+        let batcher = TransitionBatcher::new(store.clone());
+        // The batcher now keeps a connection between batches...
+        assert!(batcher.mark_scheduled(&fence, T0 + 1).await.unwrap());
+        // ...which must not keep the store from closing.
+        tokio::time::timeout(Duration::from_secs(10), store.close())
+            .await
+            .expect("Store::close returns while a batcher is alive");
         let (one, two) = tokio::join!(
-            batcher.mark_scheduled(&fence, T0 + 1),
-            batcher.renew_lock(&fence, T0 + 1),
+            batcher.mark_running(&fence, T0 + 2),
+            batcher.renew_lock(&fence, T0 + 2),
         );
-        for result in [one, two] {
+        for result in [one.map(drop), two.map(drop)] {
             let error = result.unwrap_err();
             assert!(error.is_transient(), "{error}");
         }
@@ -1179,6 +1184,7 @@ async fn throughput_report() {
         task.await.unwrap();
     }
     let elapsed = started.elapsed();
+    drop(batcher);
 
     let counts = store.count_executions_by_status().await.unwrap();
     let completed_count = counts

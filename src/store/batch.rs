@@ -170,9 +170,26 @@ fn closed() -> BatchError {
 }
 
 async fn run(store: Store, mut receiver: mpsc::Receiver<Request>, max_batch: usize) {
+    let mut closed = std::pin::pin!(match &store {
+        Store::Sqlite(pool) => pool.close_event(),
+        Store::Postgres(pool) => pool.close_event(),
+    });
     let mut writer = Writer { store, conn: None };
     let mut batch = Vec::with_capacity(max_batch);
-    while let Some(first) = receiver.recv().await {
+    loop {
+        let first = tokio::select! {
+            biased;
+            // Store::close waits for every checked-out connection, the one
+            // kept here too: give it back rather than hang the shutdown.
+            () = &mut closed, if writer.conn.is_some() => {
+                writer.conn = None;
+                continue;
+            }
+            request = receiver.recv() => match request {
+                Some(request) => request,
+                None => break,
+            },
+        };
         batch.push(first);
         drain(&mut receiver, &mut batch, max_batch);
         if batch.len() < max_batch {

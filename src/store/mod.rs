@@ -62,6 +62,17 @@ macro_rules! fetch_all_on {
 }
 
 mod batch;
+/// Fetches and decodes all rows of one statement on whichever pool `$store`
+/// holds.
+macro_rules! fetch_all {
+    ($store:expr, $op:expr, $decode:expr, $sql:expr $(, $arg:expr)* $(,)?) => {
+        match $store {
+            $crate::store::Store::Sqlite(pool) => fetch_all_on!(pool, $op, $decode, $sql $(, $arg)*),
+            $crate::store::Store::Postgres(pool) => fetch_all_on!(pool, $op, $decode, $sql $(, $arg)*),
+        }
+    };
+}
+
 mod catalog;
 mod claims;
 mod decode;

@@ -141,40 +141,20 @@ impl Store {
         branch_rule_id: Uuid,
     ) -> Result<Vec<(ActionDetail, Option<ActionTemplate>)>, StoreError> {
         let id = id_text(branch_rule_id);
-        let (details, templates) = match self {
-            Store::Sqlite(pool) => (
-                fetch_all_on!(
-                    pool,
-                    "load action details",
-                    decode_action_detail,
-                    SELECT_ACTION_DETAILS_OF_RULE,
-                    &id
-                )?,
-                fetch_all_on!(
-                    pool,
-                    "load action templates",
-                    decode_action_template,
-                    SELECT_ACTION_TEMPLATES_OF_RULE,
-                    &id
-                )?,
-            ),
-            Store::Postgres(pool) => (
-                fetch_all_on!(
-                    pool,
-                    "load action details",
-                    decode_action_detail,
-                    SELECT_ACTION_DETAILS_OF_RULE,
-                    &id
-                )?,
-                fetch_all_on!(
-                    pool,
-                    "load action templates",
-                    decode_action_template,
-                    SELECT_ACTION_TEMPLATES_OF_RULE,
-                    &id
-                )?,
-            ),
-        };
+        let details = fetch_all!(
+            self,
+            "load action details",
+            decode_action_detail,
+            SELECT_ACTION_DETAILS_OF_RULE,
+            &id
+        )?;
+        let templates = fetch_all!(
+            self,
+            "load action templates",
+            decode_action_template,
+            SELECT_ACTION_TEMPLATES_OF_RULE,
+            &id
+        )?;
         Ok(details
             .into_iter()
             .map(|detail| {
