@@ -430,3 +430,64 @@ both_backends!(
         running.service.shutdown("test").await.unwrap();
     }
 );
+
+/// A tiny HTTP/1.1 server on loopback: `/ok` answers 200, anything else
+/// 500. Returns its base URL; it serves until the test ends.
+async fn http_server() -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut request = vec![0u8; 4096];
+                let read = socket.read(&mut request).await.unwrap_or(0);
+                let head = String::from_utf8_lossy(&request[..read]);
+                let (status, body) = if head.starts_with("GET /ok ") {
+                    ("200 OK", "fine")
+                } else {
+                    ("500 Internal Server Error", "broken")
+                };
+                let response = format!(
+                    "HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = socket.write_all(response.as_bytes()).await;
+            });
+        }
+    });
+    format!("http://{address}")
+}
+
+both_backends!(
+    http_actions_succeed_on_2xx_and_fail_otherwise,
+    tokio::test(flavor = "multi_thread", worker_threads = 2),
+    |db: TestDb| async move {
+        let base = http_server().await;
+        let running = start(&db, |c| Config {
+            http_action_allow_private: true,
+            ..c
+        })
+        .await;
+        let service = &running.service;
+        let ok = insert_rule(
+            service.store(),
+            YEARLY,
+            now_ms(),
+            &[step("http", json!({"url": format!("{base}/ok")}))],
+        )
+        .await;
+        let broken = insert_rule(
+            service.store(),
+            YEARLY,
+            now_ms(),
+            &[step("http", json!({"url": format!("{base}/broken")}))],
+        )
+        .await;
+        let done = wait_for_status(service, ok, ExecutionStatus::Completed).await;
+        assert_eq!(done.output.unwrap()["steps"][0]["output"]["status"], 200);
+        let failed = wait_for_status(service, broken, ExecutionStatus::Failed).await;
+        assert!(failed.error.unwrap().contains("500"));
+        running.service.shutdown("test").await.unwrap();
+    }
+);
