@@ -1072,6 +1072,110 @@ both_backends!(
 );
 
 both_backends!(
+    the_batcher_answers_large_mixed_batches_one_by_one_semantics,
+    |db: TestDb| async move {
+        let rules: Vec<u32> = (100..120).collect();
+        let store = store_with_rules(&db, rules.clone()).await;
+        let batcher = TransitionBatcher::new(store.clone());
+
+        // Twenty claims and two repeats in one batch: a repeat loses.
+        let requests: Vec<ClaimRequest> = rules
+            .iter()
+            .chain(&[100, 101])
+            .map(|&n| request(n, HOLDER, T0))
+            .collect();
+        let claims = join_all(requests.iter().map(|req| batcher.claim(req))).await;
+        let claims: Vec<Option<Claim>> = claims.into_iter().map(Result::unwrap).collect();
+        assert!(claims[..20].iter().all(Option::is_some));
+        assert!(claims[20..].iter().all(Option::is_none));
+        let fences: Vec<Fence> = claims[..20].iter().flatten().map(Claim::fence).collect();
+        for (claim, req) in claims.iter().flatten().zip(&requests) {
+            assert_eq!(claim.execution.id, req.execution_id);
+            assert_eq!(
+                (claim.execution.attempt, claim.branch_rule.lock_epoch),
+                (1, 1)
+            );
+            assert_eq!(claim.branch_rule, rule(&store, req_n(req)).await);
+        }
+
+        // Every fourth with a stale epoch; every fifth also renews its lock
+        // in the same batch (a second transition of the same rule).
+        let mut transitions = Vec::new();
+        let mut expected = Vec::new();
+        for (i, fence) in fences.iter().enumerate() {
+            if i % 4 == 0 {
+                let stale = Fence {
+                    epoch: 2,
+                    ..fence.clone()
+                };
+                transitions.push(Transition::Scheduled {
+                    fence: stale,
+                    now: T0 + 1,
+                });
+                expected.push(TransitionOutcome::Applied(false));
+            } else {
+                transitions.push(Transition::Scheduled {
+                    fence: fence.clone(),
+                    now: T0 + 1,
+                });
+                expected.push(TransitionOutcome::Applied(true));
+            }
+            if i % 5 == 0 {
+                transitions.push(Transition::RenewLock {
+                    fence: fence.clone(),
+                    now: T0 + 2,
+                });
+                expected.push(TransitionOutcome::Applied(true));
+            }
+        }
+        let outcomes = join_all(transitions.iter().map(|t| batcher.submit(t.clone()))).await;
+        let outcomes: Vec<TransitionOutcome> = outcomes.into_iter().map(Result::unwrap).collect();
+        assert_eq!(outcomes, expected);
+
+        let running = join_all(fences.iter().map(|f| batcher.mark_running(f, T0 + 3))).await;
+        let running: Vec<bool> = running.into_iter().map(Result::unwrap).collect();
+        let expected: Vec<bool> = (0..20).map(|i| i % 4 != 0).collect();
+        assert_eq!(running, expected, "the never-scheduled ones cannot run");
+
+        // Everyone finishes; a stale twin of the first finish comes after it.
+        let finish = completed(T0 + 10, Some(T0 + 86_400_000));
+        let wrong_holder = Fence {
+            holder: OTHER.into(),
+            ..fences[0].clone()
+        };
+        let mut finishes: Vec<(Fence, Finish)> =
+            fences.iter().map(|f| (f.clone(), finish.clone())).collect();
+        finishes.push((wrong_holder, finish.clone()));
+        let rows = join_all(finishes.iter().map(|(f, fin)| batcher.finish(f, fin))).await;
+        let rows: Vec<Option<BranchRule>> = rows.into_iter().map(Result::unwrap).collect();
+        assert_eq!(rows[20], None, "the stale finish changes nothing");
+        for (row, &n) in rows[..20].iter().zip(&rules) {
+            let row = row.as_ref().expect("the owner finishes");
+            assert_eq!(*row, rule(&store, n).await);
+            assert_eq!(
+                (row.lock_holder.as_deref(), row.next_run_time),
+                (None, Some(T0 + 86_400_000))
+            );
+            assert_eq!(row.last_run_time, Some(T0 + 10));
+        }
+        for (i, fence) in fences.iter().enumerate() {
+            let e = execution(&store, fence.execution_id).await;
+            assert_eq!(e.status, ExecutionStatus::Completed);
+            assert_eq!(
+                e.started_at,
+                (i % 4 != 0).then_some(T0 + 3),
+                "execution {i}"
+            );
+            assert_eq!(e.output, Some(json!({"ok": true})));
+        }
+    }
+);
+
+fn req_n(req: &ClaimRequest) -> u32 {
+    (100..120).find(|&n| id(n) == req.branch_rule_id).unwrap()
+}
+
+both_backends!(
     the_batcher_lets_the_store_close_and_then_reports_errors,
     |db: TestDb| async move {
         let store = store_with_rules(&db, [10]).await;
@@ -1124,18 +1228,33 @@ async fn join_all<F: Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Out
 // ---- throughput --------------------------------------------------------------
 
 /// Claims, schedules, runs and finishes JOBS jobs through the batcher from
-/// TASKS concurrent tasks on a SQLite file database (WAL), and prints jobs/s.
-/// A report, not a test of speed: run it in release with
+/// TASKS concurrent tasks on a SQLite file database (WAL), and prints jobs/s,
+/// then the latency of a lone caller. A report, not a test of speed: run it
+/// in release with
 /// `cargo test --release --test store_executions throughput_report -- --ignored --nocapture`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[tokio::test(flavor = "multi_thread")]
 #[ignore = "a measurement; run explicitly in release"]
 async fn throughput_report() {
+    let db = common::sqlite_db().await;
+    report(&db, "SQLite WAL").await;
+}
+
+/// The same on PostgreSQL, for comparison.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "a measurement; run explicitly in release"]
+async fn postgres_throughput() {
+    if let Some(db) = common::postgres_db().await {
+        report(&db, "PostgreSQL").await;
+    }
+}
+
+async fn report(db: &TestDb, label: &str) {
     const JOBS: usize = 10_000;
     const TASKS: usize = 50;
-    let db = common::sqlite_db().await;
+    const LONE_JOBS: usize = 200;
     let store = db.store().await;
     seed(&store).await;
-    let rules: Vec<Uuid> = (0..JOBS).map(|_| Uuid::new_v4()).collect();
+    let mut rules: Vec<Uuid> = (0..JOBS + LONE_JOBS).map(|_| Uuid::new_v4()).collect();
     for &rule_id in &rules {
         let row = BranchRule {
             id: rule_id,
@@ -1144,11 +1263,12 @@ async fn throughput_report() {
         store.insert_branch_rule(&row).await.unwrap();
     }
     let batcher = TransitionBatcher::new(store.clone());
-    let rules = Arc::new(rules);
-    let next = Arc::new(AtomicUsize::new(0));
     let clock = Arc::new(AtomicUsize::new(0));
     let now = move || T0 + clock.fetch_add(1, Ordering::Relaxed) as Millis;
 
+    let lone = rules.split_off(JOBS);
+    let rules = Arc::new(rules);
+    let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
     let mut tasks = Vec::new();
     for task in 0..TASKS {
@@ -1156,27 +1276,8 @@ async fn throughput_report() {
             (batcher.clone(), rules.clone(), next.clone(), now.clone());
         tasks.push(tokio::spawn(async move {
             let holder = format!("bench-{}", task % 4);
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(&rule_id) = rules.get(i) else { break };
-                let req = ClaimRequest {
-                    branch_rule_id: rule_id,
-                    holder: holder.clone(),
-                    now: now(),
-                    lock_timeout_ms: TIMEOUT,
-                    execution_id: Uuid::new_v4(),
-                    run_now: false,
-                };
-                let fence = batcher.claim(&req).await.unwrap().expect("claimed").fence();
-                assert!(batcher.mark_scheduled(&fence, now()).await.unwrap());
-                assert!(batcher.mark_running(&fence, now()).await.unwrap());
-                let at = now();
-                let finish = completed(at, Some(at + 86_400_000));
-                batcher
-                    .finish(&fence, &finish)
-                    .await
-                    .unwrap()
-                    .expect("finished");
+            while let Some(&rule_id) = rules.get(next.fetch_add(1, Ordering::Relaxed)) {
+                run_job(&batcher, rule_id, &holder, &now).await;
             }
         }));
     }
@@ -1184,6 +1285,12 @@ async fn throughput_report() {
         task.await.unwrap();
     }
     let elapsed = started.elapsed();
+
+    let started = Instant::now();
+    for &rule_id in &lone {
+        run_job(&batcher, rule_id, "lone", &now).await;
+    }
+    let lone_latency = started.elapsed() / (LONE_JOBS as u32 * 4);
     drop(batcher);
 
     let counts = store.count_executions_by_status().await.unwrap();
@@ -1192,12 +1299,44 @@ async fn throughput_report() {
         .find(|(s, _)| *s == ExecutionStatus::Completed)
         .unwrap()
         .1;
-    assert_eq!(completed_count, JOBS as i64, "every job recorded");
+    assert_eq!(
+        completed_count,
+        (JOBS + LONE_JOBS) as i64,
+        "every job recorded"
+    );
     let jobs_per_second = JOBS as f64 / elapsed.as_secs_f64();
     println!(
-        "throughput_report: {JOBS} jobs x 4 transitions, {TASKS} tasks, SQLite WAL: \
-         {elapsed:.2?} -> {jobs_per_second:.0} jobs/s ({:.0} transitions/s)",
+        "throughput_report: {JOBS} jobs x 4 transitions, {TASKS} tasks, {label}: \
+         {elapsed:.2?} -> {jobs_per_second:.0} jobs/s ({:.0} transitions/s); \
+         a lone caller waits {lone_latency:.0?} per transition",
         jobs_per_second * 4.0
     );
     store.close().await;
+}
+
+/// One job's four transitions, each through the batcher.
+async fn run_job(
+    batcher: &TransitionBatcher,
+    rule_id: Uuid,
+    holder: &str,
+    now: &impl Fn() -> Millis,
+) {
+    let req = ClaimRequest {
+        branch_rule_id: rule_id,
+        holder: holder.into(),
+        now: now(),
+        lock_timeout_ms: TIMEOUT,
+        execution_id: Uuid::new_v4(),
+        run_now: false,
+    };
+    let fence = batcher.claim(&req).await.unwrap().expect("claimed").fence();
+    assert!(batcher.mark_scheduled(&fence, now()).await.unwrap());
+    assert!(batcher.mark_running(&fence, now()).await.unwrap());
+    let at = now();
+    let finish = completed(at, Some(at + 86_400_000));
+    batcher
+        .finish(&fence, &finish)
+        .await
+        .unwrap()
+        .expect("finished");
 }

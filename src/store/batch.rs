@@ -4,13 +4,18 @@
 //! transaction per transition caps the engine far below its target rate.
 //! [`TransitionBatcher`] funnels the transitions of many concurrent callers
 //! into one background task that runs everything pending in ONE transaction
-//! and answers each caller with its own result. Every transition is still
-//! its own fenced, status-guarded statement(s), so batching changes when
-//! writes commit, never what they do.
+//! and answers each caller with its own result. Every transition keeps its
+//! own fence and status guard, so batching changes when writes commit, never
+//! what they do; the transitions of one kind run as set-based statements
+//! (`grouped`), and one by one (`claims`) when a statement fails, to find
+//! the transition at fault.
 //!
 //! There is no flush timer: the task starts a transaction as soon as it has
 //! anything and takes whatever queued up meanwhile (up to the bound) into
 //! the next, so a lone caller waits one commit and a crowd shares commits.
+//!
+//! The task keeps one connection between batches (see [`Conn`]) and lets it
+//! go when the store is closed, so [`Store::close`] does not wait for it.
 
 use std::sync::Arc;
 
@@ -23,6 +28,9 @@ use super::claims::postgres as postgres_ops;
 use super::claims::sqlite as sqlite_ops;
 use super::claims::{SQLITE_BEGIN_WRITE, end_tx};
 use super::executions::{Claim, ClaimRequest, Fence, Finish};
+use super::grouped::ItemResult;
+use super::grouped::postgres as postgres_grouped;
+use super::grouped::sqlite as sqlite_grouped;
 use super::{Store, StoreError};
 use crate::model::{BranchRule, Millis};
 
@@ -79,7 +87,7 @@ pub struct TransitionBatcher {
 
 impl TransitionBatcher {
     /// Spawns the task on the current tokio runtime with
-    /// [`DEFAULT_MAX_BATCH`].
+    /// [`DEFAULT_MAX_BATCH`]. Panics outside a tokio runtime.
     pub fn new(store: Store) -> TransitionBatcher {
         TransitionBatcher::with_max_batch(store, DEFAULT_MAX_BATCH)
     }
@@ -100,8 +108,10 @@ impl TransitionBatcher {
     /// Item-level errors (a refused constraint, a bad status) reach only
     /// their caller; the rest of the batch is re-run without them. Errors
     /// of the transaction itself (database unreachable, busy, commit
-    /// failed) reach every member of that batch, unretried: the engine's
-    /// outbox retries, and a commit that failed in flight may have landed.
+    /// failed) reach every member of that batch: the engine's outbox
+    /// retries, and a commit that failed in flight may have landed, so the
+    /// batcher does not guess. Only a PostgreSQL deadlock or serialization
+    /// victim, rolled back whole, is re-run here.
     pub async fn submit(&self, transition: Transition) -> Result<TransitionOutcome, BatchError> {
         let (reply, answer) = oneshot::channel();
         let request = Request { transition, reply };
@@ -180,7 +190,7 @@ async fn run(store: Store, mut receiver: mpsc::Receiver<Request>, max_batch: usi
         let first = tokio::select! {
             biased;
             // Store::close waits for every checked-out connection, the one
-            // kept here too: give it back rather than hang the shutdown.
+            // kept here too: let it go rather than hang the shutdown.
             () = &mut closed, if writer.conn.is_some() => {
                 writer.conn = None;
                 continue;
@@ -218,22 +228,55 @@ fn drain(receiver: &mut mpsc::Receiver<Request>, batch: &mut Vec<Request>, max_b
     }
 }
 
-/// How one attempt at a whole batch ended.
+/// How one attempt at a whole batch ended. The transaction was rolled back
+/// in every case.
 enum Failure {
-    /// Item `index` failed; the transaction was rolled back.
+    /// A set-based statement failed; which transition caused it is unknown.
+    Group(StoreError),
+    /// Transition `index` failed (one-by-one mode).
     Item { index: usize, error: StoreError },
     /// Acquire, begin or commit failed.
     Transaction(StoreError),
 }
 
 impl Failure {
-    /// The connection may be broken: do not keep it.
-    fn suspect(&self) -> bool {
+    fn error(&self) -> &StoreError {
         match self {
-            Failure::Item { error, .. } => error.is_transient(),
-            Failure::Transaction(_) => true,
+            Failure::Group(error) | Failure::Item { error, .. } | Failure::Transaction(error) => {
+                error
+            }
         }
     }
+
+    /// The connection may be broken: do not keep it.
+    fn suspect(&self) -> bool {
+        matches!(self, Failure::Transaction(_)) || self.error().is_transient()
+    }
+
+    /// PostgreSQL chose this transaction as a deadlock or serialization
+    /// victim and rolled all of it back: running it again is safe. (Two
+    /// instances' batches may lock the same branch rules in different
+    /// orders.) Not for a failed commit, whose outcome is unknown.
+    fn retry_safe(&self) -> bool {
+        let (Failure::Group(error) | Failure::Item { error, .. }) = self else {
+            return false;
+        };
+        matches!(
+            error.sqlx_error(),
+            Some(sqlx::Error::Database(db)) if matches!(db.code().as_deref(), Some("40P01" | "40001"))
+        )
+    }
+}
+
+/// How many times a batch is re-run after a deadlock or serialization
+/// failure before its callers get the error.
+const RETRIES: usize = 2;
+
+/// Statement by statement, or set-based (see `grouped`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Grouped,
+    OneByOne,
 }
 
 /// The batcher's own connection, kept from batch to batch. SQLite keeps a
@@ -245,33 +288,68 @@ enum Conn {
     Postgres(PoolConnection<Postgres>),
 }
 
+/// Settings for the one connection that does nearly all lifecycle writes.
+/// A batch touches pages all over the tables and indexes (ids are random
+/// UUIDs): a 64 MiB cache keeps them instead of re-reading them each batch;
+/// statement journals of the set-based statements stay in memory; and a
+/// checkpoint every 4000 WAL pages rather than 1000 writes a page that
+/// changed in many batches once instead of every time. The connection is
+/// closed rather than returned to the pool, so these stay with it.
+const SQLITE_WRITER_PRAGMAS: &str =
+    "PRAGMA cache_size = -65536; PRAGMA temp_store = MEMORY; PRAGMA wal_autocheckpoint = 4000";
+
+async fn tune_sqlite(
+    conn: Result<PoolConnection<Sqlite>, sqlx::Error>,
+) -> Result<PoolConnection<Sqlite>, sqlx::Error> {
+    let mut conn = conn?;
+    conn.close_on_drop();
+    sqlx::raw_sql(SQLITE_WRITER_PRAGMAS)
+        .execute(&mut *conn)
+        .await?;
+    Ok(conn)
+}
+
 struct Writer {
     store: Store,
     conn: Option<Conn>,
 }
 
 impl Writer {
+    /// Answers every request of `batch`. Set-based first; if a statement
+    /// fails for a reason of its own, the batch is run again one transition
+    /// at a time, where a failing transition is answered with its error and
+    /// the others are run again without it.
     async fn run_batch(&mut self, batch: &mut Vec<Request>) {
+        let mut mode = Mode::Grouped;
         while !batch.is_empty() {
-            match self.try_batch(batch).await {
-                Ok(outcomes) => {
-                    for (request, outcome) in batch.drain(..).zip(outcomes) {
-                        let _ = request.reply.send(Ok(outcome));
+            match self.try_batch(batch, mode).await {
+                Ok(results) => {
+                    for (request, result) in batch.drain(..).zip(results) {
+                        let _ = request.reply.send(result.map_err(Arc::new));
                     }
                     return;
                 }
-                Err(Failure::Item { index, error }) if !error.is_transient() => {
-                    // This item's own fault: answer it and re-run the others,
-                    // whose work was rolled back with it.
+                Err(Failure::Group(error)) if !error.is_transient() => {
                     tracing::warn!(
-                        "transition batch: {error}; re-running the other {} transition(s)",
+                        "transition batch: {error}; running its {} transition(s) one by one",
+                        batch.len()
+                    );
+                    mode = Mode::OneByOne;
+                }
+                Err(Failure::Item { index, error }) if !error.is_transient() => {
+                    tracing::warn!(
+                        "transition batch: {error}; running the other {} transition(s) again",
                         batch.len() - 1
                     );
                     let request = batch.remove(index);
                     let _ = request.reply.send(Err(Arc::new(error)));
                 }
-                Err(Failure::Item { error, .. } | Failure::Transaction(error)) => {
-                    let error = Arc::new(error);
+                Err(failure) => {
+                    let error = Arc::new(match failure {
+                        Failure::Group(error)
+                        | Failure::Item { error, .. }
+                        | Failure::Transaction(error) => error,
+                    });
                     for request in batch.drain(..) {
                         let _ = request.reply.send(Err(Arc::clone(&error)));
                     }
@@ -281,52 +359,85 @@ impl Writer {
         }
     }
 
-    async fn try_batch(&mut self, batch: &[Request]) -> Result<Vec<TransitionOutcome>, Failure> {
-        let kept = self.conn.is_some();
-        let mut result = self.try_batch_once(batch).await;
-        if let Err(failure) = &result {
+    async fn try_batch(
+        &mut self,
+        batch: &[Request],
+        mode: Mode,
+    ) -> Result<Vec<ItemResult>, Failure> {
+        let mut retries = 0;
+        let mut fresh_connection_tried = false;
+        loop {
+            let kept = self.conn.is_some();
+            let failure = match self.try_batch_once(batch, mode).await {
+                Ok(results) => return Ok(results),
+                Err(failure) => failure,
+            };
             if failure.suspect() {
                 self.conn = None;
             }
             // A kept connection may have died while idle (server restart,
             // idle timeout); nothing ran if even BEGIN failed, so one more
             // try on a fresh connection is safe.
-            if kept && matches!(failure, Failure::Transaction(_)) && self.conn.is_none() {
-                result = self.try_batch_once(batch).await;
-                if result.as_ref().is_err_and(Failure::suspect) {
-                    self.conn = None;
-                }
+            let stale_connection = kept
+                && !fresh_connection_tried
+                && matches!(failure, Failure::Transaction(_))
+                && self.conn.is_none();
+            if stale_connection {
+                fresh_connection_tried = true;
+                continue;
             }
+            if failure.retry_safe() && retries < RETRIES {
+                retries += 1;
+                continue;
+            }
+            return Err(failure);
         }
-        result
     }
 
     async fn try_batch_once(
         &mut self,
         batch: &[Request],
-    ) -> Result<Vec<TransitionOutcome>, Failure> {
+        mode: Mode,
+    ) -> Result<Vec<ItemResult>, Failure> {
         macro_rules! apply_all {
-            ($ops:ident, $tx:ident) => {{
-                let mut outcomes = Vec::with_capacity(batch.len());
-                for (index, request) in batch.iter().enumerate() {
-                    match $ops::apply(&mut $tx, &request.transition).await {
-                        Ok(outcome) => outcomes.push(outcome),
-                        Err(error) => {
-                            // PostgreSQL has aborted the transaction; SQLite
-                            // may hold a half-done claim. None of it stays.
-                            let _ = end_tx($tx, false).await;
-                            return Err(Failure::Item { index, error });
+            ($ops:ident, $grouped:ident, $tx:ident) => {{
+                let results = match mode {
+                    Mode::Grouped => {
+                        let transitions: Vec<&Transition> =
+                            batch.iter().map(|request| &request.transition).collect();
+                        match $grouped::apply_grouped(&mut $tx, &transitions).await {
+                            Ok(results) => results,
+                            Err(error) => {
+                                // PostgreSQL has aborted the transaction;
+                                // SQLite may hold part of the batch. None of
+                                // it stays.
+                                let _ = end_tx($tx, false).await;
+                                return Err(Failure::Group(error));
+                            }
                         }
                     }
-                }
+                    Mode::OneByOne => {
+                        let mut results = Vec::with_capacity(batch.len());
+                        for (index, request) in batch.iter().enumerate() {
+                            match $ops::apply(&mut $tx, &request.transition).await {
+                                Ok(outcome) => results.push(Ok(outcome)),
+                                Err(error) => {
+                                    let _ = end_tx($tx, false).await;
+                                    return Err(Failure::Item { index, error });
+                                }
+                            }
+                        }
+                        results
+                    }
+                };
                 end_tx($tx, true).await.map_err(Failure::Transaction)?;
-                Ok(outcomes)
+                Ok(results)
             }};
         }
         let op = "begin transition batch";
         if self.conn.is_none() {
             let conn = match &self.store {
-                Store::Sqlite(pool) => pool.acquire().await.map(Conn::Sqlite),
+                Store::Sqlite(pool) => tune_sqlite(pool.acquire().await).await.map(Conn::Sqlite),
                 Store::Postgres(pool) => pool.acquire().await.map(Conn::Postgres),
             };
             self.conn = Some(
@@ -341,7 +452,7 @@ impl Writer {
                     .await
                     .map_err(StoreError::query(op))
                     .map_err(Failure::Transaction)?;
-                apply_all!(sqlite_ops, tx)
+                apply_all!(sqlite_ops, sqlite_grouped, tx)
             }
             Some(Conn::Postgres(conn)) => {
                 let mut tx = conn
@@ -349,7 +460,7 @@ impl Writer {
                     .await
                     .map_err(StoreError::query(op))
                     .map_err(Failure::Transaction)?;
-                apply_all!(postgres_ops, tx)
+                apply_all!(postgres_ops, postgres_grouped, tx)
             }
             None => unreachable!("acquired above"),
         }

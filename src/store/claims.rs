@@ -8,9 +8,10 @@
 //! or a repeated transition changes nothing and reports `false`/`None`.
 //!
 //! The per-connection steps are written once in `lifecycle_ops!` and
-//! instantiated for each backend's connection type; [`Store`] methods and the
-//! [`TransitionBatcher`](super::TransitionBatcher) both run them, the latter
-//! many to a transaction.
+//! instantiated for each backend's connection type. [`Store`] methods run
+//! them; the [`TransitionBatcher`](super::TransitionBatcher) runs their
+//! set-based twins (`grouped`) and falls back to these, many to a
+//! transaction, to single out a transition whose statement fails.
 
 use sqlx::{Database, Transaction};
 
@@ -113,7 +114,7 @@ pub(super) async fn end_tx<DB: Database>(
     }
 }
 
-fn not_terminal(finish: &Finish) -> StoreError {
+pub(super) fn not_terminal(finish: &Finish) -> StoreError {
     StoreError::Query {
         op: "finish execution",
         error: sqlx::Error::InvalidArgument(format!(

@@ -194,10 +194,11 @@ const SELECT_EXECUTIONS_FOR: &str = concat!(
 
 const COUNT_BY_STATUS: &str = "SELECT status, COUNT(*) AS n FROM executions GROUP BY status";
 
-/// Branch rules first, then executions: the same lock order as claim and
-/// finish, so PostgreSQL never deadlocks a recovery against a finishing
-/// owner. Leaves next_run_time alone: the occurrence is claimed again and
-/// becomes a new attempt.
+/// Branch rules first, then executions: the order claim and finish lock
+/// them in, so on PostgreSQL a recovery and a finishing owner queue behind
+/// each other instead of deadlocking across the two tables. Leaves
+/// next_run_time alone: the occurrence is claimed again and becomes a new
+/// attempt.
 const RELEASE_OWNER_LOCKS: &str = concat!(
     "UPDATE branch_rules SET lock_holder = NULL, lock_time = NULL, is_currently_running = FALSE, ",
     touch_branch_rule!("$2"),

@@ -78,6 +78,7 @@ mod claims;
 mod decode;
 mod error;
 mod executions;
+mod grouped;
 mod instances;
 mod plan_data;
 mod workflows;
