@@ -6,7 +6,7 @@ mod common;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use common::rules::{YEARLY, insert_rule, step};
+use common::rules::{Step, YEARLY, insert_rule, step};
 use common::service::{RunningService, start_service_with};
 use common::{TestDb, eventually};
 use ruled::actors::ask;
@@ -37,6 +37,11 @@ fn fast(config: Config) -> Config {
 
 async fn start(db: &TestDb, adjust: impl FnOnce(Config) -> Config) -> RunningService {
     start_service_with(&db.url, |config| adjust(fast(config))).await
+}
+
+/// A yearly rule due now, running `steps`: it runs once while a test lasts.
+async fn due_now(service: &Service, steps: &[Step]) -> Uuid {
+    insert_rule(service.store(), YEARLY, now_ms(), steps).await
 }
 
 async fn executions(service: &Service, id: Uuid) -> Vec<Execution> {
@@ -172,13 +177,7 @@ both_backends!(
         })
         .await;
         let service = &running.service;
-        let id = insert_rule(
-            service.store(),
-            YEARLY,
-            now_ms(),
-            &[step("sleep", json!({"ms": 10_000}))],
-        )
-        .await;
+        let id = due_now(service, &[step("sleep", json!({"ms": 10_000}))]).await;
         let timed_out = wait_for_status(service, id, ExecutionStatus::TimedOut).await;
         assert!(timed_out.error.unwrap().contains("timed out"));
         let row = service.store().load_plan_data(10).await.unwrap();
@@ -219,10 +218,8 @@ both_backends!(
         let service = &running.service;
         // A distinctive duration marks our child among the machine's processes.
         let marker = format!("30.{}", std::process::id());
-        let id = insert_rule(
-            service.store(),
-            YEARLY,
-            now_ms(),
+        let id = due_now(
+            service,
             &[step(
                 "command",
                 json!({"program": "sleep", "args": [marker]}),
@@ -258,17 +255,9 @@ both_backends!(
     |db: TestDb| async move {
         let running = start(&db, |c| c).await;
         let service = &running.service;
-        let command = insert_rule(
-            service.store(),
-            YEARLY,
-            now_ms(),
-            &[step("command", json!({"program": "true"}))],
-        )
-        .await;
-        let private = insert_rule(
-            service.store(),
-            YEARLY,
-            now_ms(),
+        let command = due_now(service, &[step("command", json!({"program": "true"}))]).await;
+        let private = due_now(
+            service,
             &[step("http", json!({"url": "http://127.0.0.1:9/"}))],
         )
         .await;
@@ -295,21 +284,9 @@ both_backends!(
         })
         .await;
         let service = &running.service;
-        let busy = insert_rule(
-            service.store(),
-            YEARLY,
-            now_ms(),
-            &[step("sleep", json!({"ms": 5_000}))],
-        )
-        .await;
+        let busy = due_now(service, &[step("sleep", json!({"ms": 5_000}))]).await;
         wait_for_status(service, busy, ExecutionStatus::Running).await;
-        let waiting = insert_rule(
-            service.store(),
-            YEARLY,
-            now_ms(),
-            &[step("noop", json!({}))],
-        )
-        .await;
+        let waiting = due_now(service, &[step("noop", json!({}))]).await;
         let requested = wait_for_status(service, waiting, ExecutionStatus::Requested).await;
         let master = service.directory().master().unwrap();
         let outcome = ask(&master, |reply| MasterMsg::Cancel {
@@ -338,15 +315,7 @@ both_backends!(
         let service = &running.service;
         let mut ids = Vec::new();
         for _ in 0..10 {
-            ids.push(
-                insert_rule(
-                    service.store(),
-                    YEARLY,
-                    now_ms(),
-                    &[step("noop", json!({}))],
-                )
-                .await,
-            );
+            ids.push(due_now(service, &[step("noop", json!({}))]).await);
         }
         let mut workers = HashSet::new();
         for id in &ids {
@@ -416,10 +385,8 @@ both_backends!(
         })
         .await;
         let service = &running.service;
-        let id = insert_rule(
-            service.store(),
-            YEARLY,
-            now_ms(),
+        let id = due_now(
+            service,
             &[step("noop", json!({})), step("sleep", json!({"ms": 1}))],
         )
         .await;
@@ -470,17 +437,13 @@ both_backends!(
         })
         .await;
         let service = &running.service;
-        let ok = insert_rule(
-            service.store(),
-            YEARLY,
-            now_ms(),
+        let ok = due_now(
+            service,
             &[step("http", json!({"url": format!("{base}/ok")}))],
         )
         .await;
-        let broken = insert_rule(
-            service.store(),
-            YEARLY,
-            now_ms(),
+        let broken = due_now(
+            service,
             &[step("http", json!({"url": format!("{base}/broken")}))],
         )
         .await;
