@@ -260,75 +260,53 @@ mod tests {
         reason(&fixture, now)
     }
 
+    const ZONES: [Option<&str>; 4] = [
+        None,
+        Some("Asia/Riyadh"),
+        Some("America/New_York"),
+        Some("Australia/Lord_Howe"),
+    ];
+
+    /// In every zone (and the default), `window` is open at each local time
+    /// of `inside` and closed at each of `outside`.
+    fn assert_window(window: &str, inside: &[(u32, u32)], outside: &[(u32, u32)]) {
+        for zone in ZONES {
+            for &local in inside {
+                assert_eq!(
+                    window_case(zone, Some(window), local),
+                    Ok(()),
+                    "{zone:?} {local:?}"
+                );
+            }
+            for &local in outside {
+                assert!(
+                    matches!(
+                        window_case(zone, Some(window), local),
+                        Err(NotReady::OutsideWindow { .. })
+                    ),
+                    "{zone:?} {local:?}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn same_day_window_in_each_zone() {
-        for zone in [
-            None,
-            Some("Asia/Riyadh"),
-            Some("America/New_York"),
-            Some("Australia/Lord_Howe"),
-        ] {
-            assert_eq!(
-                window_case(zone, Some("09:00-17:00"), (9, 0)),
-                Ok(()),
-                "{zone:?}"
-            );
-            assert_eq!(
-                window_case(zone, Some("09:00-17:00"), (16, 59)),
-                Ok(()),
-                "{zone:?}"
-            );
-            assert!(
-                matches!(
-                    window_case(zone, Some("09:00-17:00"), (17, 0)),
-                    Err(NotReady::OutsideWindow { .. })
-                ),
-                "{zone:?}"
-            );
-            assert!(
-                window_case(zone, Some("09:00-17:00"), (8, 59)).is_err(),
-                "{zone:?}"
-            );
-        }
+        assert_window("09:00-17:00", &[(9, 0), (16, 59)], &[(17, 0), (8, 59)]);
     }
 
     #[test]
     fn overnight_window_in_each_zone() {
-        for zone in [
-            None,
-            Some("Asia/Riyadh"),
-            Some("America/New_York"),
-            Some("Australia/Lord_Howe"),
-        ] {
-            assert_eq!(
-                window_case(zone, Some("22:00-06:00"), (22, 0)),
-                Ok(()),
-                "{zone:?}"
-            );
-            assert_eq!(
-                window_case(zone, Some("22:00-06:00"), (5, 59)),
-                Ok(()),
-                "{zone:?}"
-            );
-            assert_eq!(
-                window_case(zone, Some("22:00-06:00"), (0, 30)),
-                Ok(()),
-                "{zone:?}"
-            );
-            assert!(
-                window_case(zone, Some("22:00-06:00"), (6, 0)).is_err(),
-                "{zone:?}"
-            );
-            assert!(
-                window_case(zone, Some("22:00-06:00"), (21, 59)).is_err(),
-                "{zone:?}"
-            );
-        }
+        assert_window(
+            "22:00-06:00",
+            &[(22, 0), (5, 59), (0, 30)],
+            &[(6, 0), (21, 59)],
+        );
     }
 
     #[test]
     fn no_window_is_always_open_in_each_zone() {
-        for zone in [None, Some("America/New_York"), Some("Australia/Lord_Howe")] {
+        for zone in ZONES {
             for hour in [0, 5, 12, 23] {
                 assert_eq!(
                     window_case(zone, None, (hour, 0)),
