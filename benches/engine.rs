@@ -8,7 +8,8 @@
 //!   start lag (started_at − scheduled_for) p50/p99 — every state recorded;
 //! - spread: 1,000 rules due one every 10 ms: start lag p50/p99.
 //!
-//! `RULED_BENCH_BACKENDS=sqlite` skips PostgreSQL.
+//! `RULED_BENCH_BACKENDS=sqlite` skips PostgreSQL; `RULED_BENCH_WORKERS=10,200`
+//! sets the burst's worker counts.
 //!
 //! Nothing here asserts a time; the figures go to BENCHMARKS.md.
 
@@ -140,6 +141,9 @@ fn config(database_url: &str, dir: &std::path::Path, workers: usize) -> Config {
 
 struct Run {
     drain: Duration,
+    /// From the service start to the first job started: start-up and the
+    /// first plan read, inside `drain`.
+    first_start: Millis,
     lags: Vec<Millis>,
 }
 
@@ -152,6 +156,7 @@ async fn run(url: &str, workers: usize, due: Vec<Millis>) -> Run {
     seed(&store, &due).await;
     let total = due.len() as i64;
     let started = Instant::now();
+    let started_ms = now_ms();
     let service = Service::start(config(url, dir.path(), workers), Clock::system())
         .await
         .unwrap();
@@ -173,6 +178,7 @@ async fn run(url: &str, workers: usize, due: Vec<Millis>) -> Run {
     let drain = started.elapsed();
     service.shutdown("bench").await.unwrap();
     let mut lags = Vec::with_capacity(due.len());
+    let mut first_started_at = Millis::MAX;
     let mut cursor = None;
     loop {
         let filter = ruled::store::ExecutionFilter {
@@ -189,7 +195,9 @@ async fn run(url: &str, workers: usize, due: Vec<Millis>) -> Run {
         }
         for execution in &page {
             assert!(execution.scheduled_at.is_some() && execution.finished_at.is_some());
-            lags.push(execution.started_at.unwrap() - execution.scheduled_for);
+            let started_at = execution.started_at.unwrap();
+            first_started_at = first_started_at.min(started_at);
+            lags.push(started_at - execution.scheduled_for);
         }
         cursor = filter.next_cursor(&page);
         if cursor.is_none() {
@@ -199,7 +207,11 @@ async fn run(url: &str, workers: usize, due: Vec<Millis>) -> Run {
     assert_eq!(lags.len(), due.len(), "one execution per occurrence");
     lags.sort();
     store.close().await;
-    Run { drain, lags }
+    Run {
+        drain,
+        first_start: first_started_at - started_ms,
+        lags,
+    }
 }
 
 fn percentile(sorted: &[Millis], p: f64) -> Millis {
@@ -242,10 +254,12 @@ fn main() {
         .build()
         .unwrap();
     runtime.block_on(async {
-        println!("| backend | scenario | workers | jobs | drain | jobs/s | lag p50 | lag p99 |");
-        println!("|---|---|---:|---:|---:|---:|---:|---:|");
+        println!(
+            "| backend | scenario | workers | jobs | drain | first job | jobs/s | lag p50 | lag p99 |"
+        );
+        println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
         for (label, base_url, _) in backends().await {
-            for workers in [10, 50] {
+            for &workers in &worker_counts() {
                 let url = fresh(&base_url, &format!("burst{workers}")).await;
                 let due = vec![now_ms() - 1_000; BURST];
                 let result = run(&url, workers, due).await;
@@ -260,6 +274,23 @@ fn main() {
             report(label, "spread 10 ms", 10, &result);
         }
     });
+}
+
+/// WORKER_COUNT values of the burst: 10 and 50, or the comma-separated
+/// list in `RULED_BENCH_WORKERS` (to look at how the engine scales).
+fn worker_counts() -> Vec<usize> {
+    std::env::var("RULED_BENCH_WORKERS")
+        .ok()
+        .map(|list| {
+            list.split(',')
+                .map(|n| {
+                    n.trim()
+                        .parse()
+                        .expect("RULED_BENCH_WORKERS: a list of numbers")
+                })
+                .collect()
+        })
+        .unwrap_or_else(|| vec![10, 50])
 }
 
 /// A new empty database next to `base_url` for one scenario.
@@ -281,8 +312,9 @@ async fn fresh(base_url: &str, suffix: &str) -> String {
 fn report(backend: &str, scenario: &str, workers: usize, run: &Run) {
     let jobs = run.lags.len();
     println!(
-        "| {backend} | {scenario} | {workers} | {jobs} | {:.2} s | {:.0} | {} ms | {} ms |",
+        "| {backend} | {scenario} | {workers} | {jobs} | {:.2} s | {} ms | {:.0} | {} ms | {} ms |",
         run.drain.as_secs_f64(),
+        run.first_start,
         jobs as f64 / run.drain.as_secs_f64(),
         percentile(&run.lags, 0.50),
         percentile(&run.lags, 0.99),

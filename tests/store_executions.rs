@@ -1199,6 +1199,56 @@ both_backends!(
     }
 );
 
+both_backends!(
+    transitions_enqueued_back_to_back_commit_in_order,
+    |db: TestDb| async move {
+        let store = store_with_rules(&db, [20, 21]).await;
+        let batcher = TransitionBatcher::new(store.clone());
+        let live = batcher
+            .claim(&request(20, HOLDER, T0))
+            .await
+            .unwrap()
+            .unwrap();
+        let lost = batcher
+            .claim(&request(21, HOLDER, T0))
+            .await
+            .unwrap()
+            .unwrap();
+        let lost_fence = Fence {
+            epoch: 99,
+            ..lost.fence()
+        };
+
+        // Running is queued before Scheduled has committed: it applies only
+        // because the batcher keeps their order, and only if Scheduled did.
+        let mut pending = Vec::new();
+        for fence in [live.fence(), lost_fence] {
+            let scheduled = Transition::Scheduled {
+                fence: fence.clone(),
+                now: T0 + 1,
+            };
+            let running = Transition::Running { fence, now: T0 + 2 };
+            pending.push(batcher.enqueue(scheduled).await);
+            pending.push(batcher.enqueue(running).await);
+        }
+        let mut applied = Vec::new();
+        for transition in pending {
+            applied.push(transition.applied().await.unwrap());
+        }
+        assert_eq!(applied, [true, true, false, false]);
+        let row = execution(&store, live.execution.id).await;
+        assert_eq!(row.status, ExecutionStatus::Running);
+        assert_eq!(
+            (row.scheduled_at, row.started_at),
+            (Some(T0 + 1), Some(T0 + 2))
+        );
+        assert_eq!(
+            execution(&store, lost.execution.id).await.status,
+            ExecutionStatus::Requested
+        );
+    }
+);
+
 /// `join_all` without the `futures` dependency. Every future is polled in
 /// order within one poll, so all submit before the batcher task can run and
 /// they share a batch.

@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
-use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 use tracing::{debug, error, info, warn};
 use uuid::Uuid;
@@ -28,7 +27,7 @@ use crate::model::{ExecutionStatus, Millis};
 use crate::plan::JobSpec;
 use crate::plan::OutboxEntry;
 use crate::queue::{DedupReason, JobQueue};
-use crate::store::{Claim, ClaimRequest, Fence, Finish, Store, TransitionBatcher};
+use crate::store::{Claim, ClaimRequest, Fence, Finish, Store, Transition, TransitionBatcher};
 use crate::supervision::Directory;
 
 pub struct MasterActor;
@@ -345,10 +344,11 @@ impl MasterState {
         self.finish_drain_if_done();
     }
 
-    /// Hands queued jobs to idle workers. The Scheduled write goes out in
-    /// the background (the store commits concurrent ones together) and the
-    /// worker waits for it before writing Running, so dispatching never
-    /// waits on a commit.
+    /// Hands queued jobs to idle workers. The Scheduled write is queued in
+    /// the store's group commit before the handoff, not awaited: the worker
+    /// queues its Running write behind it at once (the batcher keeps the
+    /// order) and checks both outcomes, so neither the master nor the job
+    /// waits for a commit of its own between the two states.
     async fn dispatch(&mut self) {
         let now = self.args.clock.now_ms();
         while !self.idle.is_empty() && self.queue.queued_len() > 0 {
@@ -357,13 +357,12 @@ impl MasterState {
                 .queue
                 .start_next(|job| job.execution_id())
                 .expect("checked non-empty");
-            let (scheduled_tx, scheduled) = oneshot::channel();
-            let batcher = self.args.batcher.clone();
             let fence = job.fence.clone();
-            tokio::spawn(async move {
-                let result = batcher.mark_scheduled(&fence, now).await;
-                let _ = scheduled_tx.send(result.map_err(|e| e.to_string()));
-            });
+            let scheduled = self
+                .args
+                .batcher
+                .enqueue(Transition::Scheduled { fence, now })
+                .await;
             let run = WorkerMsg::Run {
                 job: job.clone(),
                 scheduled,

@@ -21,7 +21,7 @@ use crate::metrics as m;
 use crate::model::{ExecutionStatus, Millis};
 use crate::plan::JobStep;
 use crate::plan::OutboxEntry;
-use crate::store::{Finish, Store, TransitionBatcher};
+use crate::store::{Finish, PendingTransition, Store, Transition, TransitionBatcher};
 use crate::supervision::Directory;
 use uuid::Uuid;
 
@@ -81,8 +81,19 @@ impl Actor for WorkerActor {
     ) -> Result<(), ActorProcessingErr> {
         match message {
             WorkerMsg::Run { job, scheduled } => {
+                // Queued now, right behind the master's Scheduled write, so
+                // both commit together; it applies only if Scheduled did.
+                let started_at = state.args.clock.now_ms();
+                let running = state
+                    .args
+                    .batcher
+                    .enqueue(Transition::Running {
+                        fence: job.fence.clone(),
+                        now: started_at,
+                    })
+                    .await;
                 if state.handoff_confirmed(&job, scheduled).await {
-                    state.start(&myself, job).await;
+                    state.start(&myself, job, running, started_at).await;
                 } else {
                     state.report(&job, ExecutionStatus::Cancelled);
                     myself.stop(Some("claim lost before the handoff".into()));
@@ -139,37 +150,37 @@ impl WorkerState {
     /// claim gone (cancelled or taken over): the job is not ours to run. A
     /// database error does not stop the job: the claim holds, and the later
     /// writes record the outcome.
-    async fn handoff_confirmed(
-        &self,
-        job: &Job,
-        scheduled: oneshot::Receiver<Result<bool, String>>,
-    ) -> bool {
-        match scheduled.await {
-            Ok(Ok(confirmed)) => {
+    async fn handoff_confirmed(&self, job: &Job, scheduled: PendingTransition) -> bool {
+        match scheduled.applied().await {
+            Ok(confirmed) => {
                 if !confirmed {
                     warn!(branch_rule_id = %job.branch_rule_id(), "Claim lost before the handoff");
                 }
                 confirmed
             }
-            Ok(Err(e)) => {
+            Err(e) => {
                 metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "mark_scheduled").increment(1);
                 warn!(branch_rule_id = %job.branch_rule_id(), "Scheduled state not recorded: {e}");
                 true
             }
-            Err(_) => true,
         }
     }
 
-    async fn start(&mut self, myself: &ActorRef<WorkerMsg>, job: Box<Job>) {
+    async fn start(
+        &mut self,
+        myself: &ActorRef<WorkerMsg>,
+        job: Box<Job>,
+        running: PendingTransition,
+        now: Millis,
+    ) {
         let args = &self.args;
-        let now = args.clock.now_ms();
         let execution_id = job.execution_id();
         let branch_rule_id = job.branch_rule_id();
         info!(
             %branch_rule_id, %execution_id,
             "👷 Worker-{} pulled job {branch_rule_id}", args.number
         );
-        match args.batcher.mark_running(&job.fence, now).await {
+        match running.applied().await {
             Ok(true) => {}
             Ok(false) => {
                 // The claim is gone (lock taken over, or cancelled): this

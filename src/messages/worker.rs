@@ -1,9 +1,8 @@
-use tokio::sync::oneshot;
 use uuid::Uuid;
 
 use crate::model::Execution;
 use crate::plan::JobSpec;
-use crate::store::Fence;
+use crate::store::{Fence, PendingTransition};
 
 /// One claimed occurrence handed to a worker: after this message the worker
 /// owns the execution's state (seed 002's handoff).
@@ -48,12 +47,12 @@ pub struct JobOutcome {
 /// Messages of the [`WorkerActor`](crate::actors::worker::WorkerActor).
 #[derive(Debug)]
 pub enum WorkerMsg {
-    /// The handoff. The master's Scheduled write may still be in flight:
-    /// `scheduled` says how it went, and the worker waits for it before
-    /// writing Running, so the master is never held up by a commit.
+    /// The handoff. The master's Scheduled write is queued, not yet
+    /// committed: `scheduled` says how it went. The worker queues Running
+    /// behind it and runs the job only if both applied.
     Run {
         job: Box<Job>,
-        scheduled: oneshot::Receiver<Result<bool, String>>,
+        scheduled: PendingTransition,
     },
     Cancel {
         execution_id: Uuid,

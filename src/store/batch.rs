@@ -113,12 +113,21 @@ impl TransitionBatcher {
     /// batcher does not guess. Only a PostgreSQL deadlock or serialization
     /// victim, rolled back whole, is re-run here.
     pub async fn submit(&self, transition: Transition) -> Result<TransitionOutcome, BatchError> {
+        self.enqueue(transition).await.outcome().await
+    }
+
+    /// Queues a transition without waiting for its commit: it waits only
+    /// for room in the queue. Transitions enqueued one after another commit
+    /// in that order (the same batch keeps a rule's transitions in order),
+    /// so a caller can queue a write that depends on an earlier one before
+    /// the earlier one has committed.
+    pub async fn enqueue(&self, transition: Transition) -> PendingTransition {
         let (reply, answer) = oneshot::channel();
         let request = Request { transition, reply };
-        if self.requests.send(request).await.is_err() {
-            return Err(closed());
-        }
-        answer.await.unwrap_or_else(|_| Err(closed()))
+        // If the task is gone the request, and its reply sender, drop
+        // here: the pending outcome then reads as closed.
+        let _ = self.requests.send(request).await;
+        PendingTransition { answer }
     }
 
     /// [`Store::claim`], group-committed.
@@ -164,7 +173,25 @@ impl TransitionBatcher {
     }
 
     async fn applied(&self, transition: Transition) -> Result<bool, BatchError> {
-        match self.submit(transition).await? {
+        self.enqueue(transition).await.applied().await
+    }
+}
+
+/// A transition queued by [`TransitionBatcher::enqueue`]: its outcome once
+/// its batch has committed.
+#[derive(Debug)]
+pub struct PendingTransition {
+    answer: oneshot::Receiver<Result<TransitionOutcome, BatchError>>,
+}
+
+impl PendingTransition {
+    pub async fn outcome(self) -> Result<TransitionOutcome, BatchError> {
+        self.answer.await.unwrap_or_else(|_| Err(closed()))
+    }
+
+    /// The outcome of a Scheduled, Running or RenewLock transition.
+    pub async fn applied(self) -> Result<bool, BatchError> {
+        match self.outcome().await? {
             TransitionOutcome::Applied(applied) => Ok(applied),
             other => unreachable!("transition answered with {other:?}"),
         }

@@ -83,7 +83,10 @@ mod instances;
 mod plan_data;
 mod workflows;
 
-pub use batch::{BatchError, DEFAULT_MAX_BATCH, Transition, TransitionBatcher, TransitionOutcome};
+pub use batch::{
+    BatchError, DEFAULT_MAX_BATCH, PendingTransition, Transition, TransitionBatcher,
+    TransitionOutcome,
+};
 pub use error::{Backend, StoreError};
 pub use executions::{
     Claim, ClaimRequest, ERROR_CAP_BYTES, ExecutionFilter, Fence, Finish, OUTPUT_CAP_BYTES,
