@@ -29,6 +29,7 @@
 //! | [`messages`] | one message enum per actor |
 //! | [`supervision`] | root supervisor, restart policy (pure), directory |
 //! | [`plan`] | `ExecutionPlan`, ready filter, smart merge, local next run (pure) |
+//! | [`memory`] | memory throttling: thresholds and hysteresis (pure), samplers, cgroup limits |
 //! | [`queue`] | the master's job queue: FIFO, dedup, active and recent jobs (pure) |
 //! | [`schedule`] | cron, time zones, windows, DST, preview (pure) |
 //! | [`store`] | sqlx queries and migrations for SQLite and PostgreSQL |
@@ -42,6 +43,7 @@ pub mod actors;
 pub mod clock;
 pub mod commands;
 pub mod config;
+pub mod memory;
 pub mod messages;
 pub mod metrics;
 pub mod model;
