@@ -8,12 +8,13 @@
 //! ## The actor tree
 //!
 //! ```text
-//! RootSupervisor                 supervision/mod.rs   restarts children, escalates
-//!  ├─ WriterActor                actors/writer.rs     debounced atomic plan-file writes
-//!  ├─ PlanActor                  actors/plan.rs       owns the ExecutionPlan (single writer)
-//!  ├─ RefresherActor             actors/refresher.rs  SQL → plan (smart merge), outbox, heartbeat
-//!  └─ MasterActor                actors/master.rs     ready set → claim → queue → dispatch
-//!      └─ WorkerActor × N        actors/worker.rs     one job, then a fresh actor (single-job mode)
+//! RootSupervisor                 supervision/mod.rs      restarts children, escalates
+//!  ├─ WriterActor                actors/writer.rs        debounced atomic plan-file writes
+//!  ├─ PlanActor                  actors/plan.rs          owns the ExecutionPlan (single writer)
+//!  ├─ RefresherActor             actors/refresher.rs     SQL → plan (smart merge), outbox, heartbeat
+//!  ├─ MemoryGuardActor           actors/memory_guard.rs  RAM / swap / GPU → throttle, pushed to the master
+//!  └─ MasterActor                actors/master.rs        ready set → claim → queue → dispatch
+//!      └─ WorkerActor × N        actors/worker.rs        one job, then a fresh actor (single-job mode)
 //! ```
 //!
 //! Actors share no mutable state: they talk through the typed messages in
