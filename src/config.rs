@@ -282,16 +282,24 @@ impl Config {
             100.0,
         )?;
         // Hysteresis needs a gap; equal thresholds would flap every sample.
+        // The values go in the message: either side may be a default the
+        // operator never wrote down.
         if c.memory_resume_threshold >= c.memory_throttle_threshold {
             return Err(env.error(
                 "MEMORY_RESUME_THRESHOLD",
-                "must be below MEMORY_THROTTLE_THRESHOLD",
+                &format!(
+                    "{} must be below MEMORY_THROTTLE_THRESHOLD ({})",
+                    c.memory_resume_threshold, c.memory_throttle_threshold
+                ),
             ));
         }
         if c.gpu_resume_threshold >= c.gpu_throttle_threshold {
             return Err(env.error(
                 "GPU_RESUME_THRESHOLD",
-                "must be below GPU_THROTTLE_THRESHOLD",
+                &format!(
+                    "{} must be below GPU_THROTTLE_THRESHOLD ({})",
+                    c.gpu_resume_threshold, c.gpu_throttle_threshold
+                ),
             ));
         }
         env.seconds("MEMORY_CHECK_INTERVAL", &mut c.memory_check_interval, true)?;
@@ -490,7 +498,11 @@ mod tests {
         assert_eq!(c.worker_cooldown, Duration::from_secs(10));
         assert_eq!(c.recently_processed, Duration::from_secs(30));
         assert_eq!(c.memory_throttle_threshold, 90.0);
+        assert_eq!(c.memory_resume_threshold, 80.0);
+        assert_eq!(c.gpu_throttle_threshold, 85.0);
+        assert_eq!(c.gpu_resume_threshold, 75.0);
         assert_eq!(c.swap_throttle_threshold, 70.0);
+        assert_eq!(c.memory_check_interval, Duration::from_secs(5));
         assert_eq!(c.schedule_lock_timeout, Duration::from_secs(300));
         assert_eq!(c.schedule_execution_timeout, Duration::from_secs(600));
         assert_eq!(c.max_runs_per_tick, 500);
@@ -530,8 +542,58 @@ mod tests {
     fn resume_must_be_below_throttle() {
         let err = config(&[("MEMORY_RESUME_THRESHOLD", "95")]).unwrap_err();
         assert_eq!(err.variable, "MEMORY_RESUME_THRESHOLD");
+        assert!(
+            err.to_string()
+                .contains("95 must be below MEMORY_THROTTLE_THRESHOLD (90)"),
+            "{err}"
+        );
         let err = config(&[("GPU_THROTTLE_THRESHOLD", "70")]).unwrap_err();
         assert_eq!(err.variable, "GPU_RESUME_THRESHOLD");
+        assert!(
+            err.to_string()
+                .contains("75 must be below GPU_THROTTLE_THRESHOLD (70)"),
+            "{err}"
+        );
+        // Equal levels would throttle and release on the same reading.
+        let err = config(&[
+            ("MEMORY_THROTTLE_THRESHOLD", "85"),
+            ("MEMORY_RESUME_THRESHOLD", "85"),
+        ])
+        .unwrap_err();
+        assert_eq!(err.variable, "MEMORY_RESUME_THRESHOLD");
+        let err = config(&[("GPU_RESUME_THRESHOLD", "85")]).unwrap_err();
+        assert_eq!(err.variable, "GPU_RESUME_THRESHOLD");
+    }
+
+    #[test]
+    fn memory_thresholds_are_read() {
+        let c = config(&[
+            ("MEMORY_THROTTLE_THRESHOLD", "70"),
+            ("MEMORY_RESUME_THRESHOLD", "60.5"),
+            ("GPU_THROTTLE_THRESHOLD", "50"),
+            ("GPU_RESUME_THRESHOLD", "40"),
+            ("SWAP_THROTTLE_THRESHOLD", "30"),
+            ("MEMORY_CHECK_INTERVAL", "0.5"),
+        ])
+        .unwrap();
+        assert_eq!(
+            (
+                c.memory_throttle_threshold,
+                c.memory_resume_threshold,
+                c.gpu_throttle_threshold,
+                c.gpu_resume_threshold,
+                c.swap_throttle_threshold,
+            ),
+            (70.0, 60.5, 50.0, 40.0, 30.0)
+        );
+        assert_eq!(c.memory_check_interval, Duration::from_millis(500));
+        for (variable, value) in [
+            ("SWAP_THROTTLE_THRESHOLD", "101"),
+            ("GPU_RESUME_THRESHOLD", "-1"),
+            ("MEMORY_CHECK_INTERVAL", "0"),
+        ] {
+            assert_eq!(config(&[(variable, value)]).unwrap_err().variable, variable);
+        }
     }
 
     #[test]

@@ -8,12 +8,13 @@
 //! ## The actor tree
 //!
 //! ```text
-//! RootSupervisor                 supervision/mod.rs   restarts children, escalates
-//!  ├─ WriterActor                actors/writer.rs     debounced atomic plan-file writes
-//!  ├─ PlanActor                  actors/plan.rs       owns the ExecutionPlan (single writer)
-//!  ├─ RefresherActor             actors/refresher.rs  SQL → plan (smart merge), outbox, heartbeat
-//!  └─ MasterActor                actors/master.rs     ready set → claim → queue → dispatch
-//!      └─ WorkerActor × N        actors/worker.rs     one job, then a fresh actor (single-job mode)
+//! RootSupervisor                 supervision/mod.rs      restarts children, escalates
+//!  ├─ WriterActor                actors/writer.rs        debounced atomic plan-file writes
+//!  ├─ PlanActor                  actors/plan.rs          owns the ExecutionPlan (single writer)
+//!  ├─ RefresherActor             actors/refresher.rs     SQL → plan (smart merge), outbox, heartbeat
+//!  ├─ MemoryGuardActor           actors/memory_guard.rs  RAM / swap / GPU → throttle, pushed to the master
+//!  └─ MasterActor                actors/master.rs        ready set → claim → queue → dispatch
+//!      └─ WorkerActor × N        actors/worker.rs        one job, then a fresh actor (single-job mode)
 //! ```
 //!
 //! Actors share no mutable state: they talk through the typed messages in
@@ -29,6 +30,7 @@
 //! | [`messages`] | one message enum per actor |
 //! | [`supervision`] | root supervisor, restart policy (pure), directory |
 //! | [`plan`] | `ExecutionPlan`, ready filter, smart merge, local next run (pure) |
+//! | [`memory`] | memory throttling: thresholds and hysteresis (pure), samplers, cgroup limits |
 //! | [`queue`] | the master's job queue: FIFO, dedup, active and recent jobs (pure) |
 //! | [`schedule`] | cron, time zones, windows, DST, preview (pure) |
 //! | [`store`] | sqlx queries and migrations for SQLite and PostgreSQL |
@@ -42,6 +44,7 @@ pub mod actors;
 pub mod clock;
 pub mod commands;
 pub mod config;
+pub mod memory;
 pub mod messages;
 pub mod metrics;
 pub mod model;

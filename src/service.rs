@@ -13,6 +13,7 @@ use crate::actors::{AskError, ask};
 use crate::clock::{Clock, millis_to_utc};
 use crate::config::Config;
 use crate::config::hostname;
+use crate::memory::{SamplerFactory, system_sampler_factory};
 use crate::messages::SupervisorMsg;
 use crate::messages::supervisor::SupervisorStats;
 use crate::model::Millis;
@@ -55,6 +56,35 @@ pub enum StopCause {
     Escalated(Escalation),
 }
 
+/// What [`Service::start_with`] takes besides the configuration; each
+/// part left out gets the default `ruled serve` uses.
+#[derive(Clone, Default)]
+pub struct ServiceOptions {
+    registry: Option<ActionRegistry>,
+    memory_sampler: Option<SamplerFactory>,
+}
+
+impl ServiceOptions {
+    pub fn new() -> ServiceOptions {
+        ServiceOptions::default()
+    }
+
+    /// The action kinds jobs may use: a library user's own kinds beside
+    /// (or instead of) the built-in ones. Default: the built-ins, with
+    /// COMMAND_ACTIONS_ENABLED and HTTP_ACTION_ALLOW_PRIVATE applied.
+    pub fn registry(mut self, registry: ActionRegistry) -> ServiceOptions {
+        self.registry = Some(registry);
+        self
+    }
+
+    /// Where the memory guard's readings come from. Default: this machine
+    /// ([`SystemSampler`](crate::memory::SystemSampler)).
+    pub fn memory_sampler(mut self, factory: SamplerFactory) -> ServiceOptions {
+        self.memory_sampler = Some(factory);
+        self
+    }
+}
+
 pub struct Service {
     config: Arc<Config>,
     clock: Clock,
@@ -70,20 +100,24 @@ impl Service {
     /// and starts the supervision tree. The plan is loaded from PLAN_FILE by
     /// the PlanActor and refreshed from the database at once.
     pub async fn start(config: Config, clock: Clock) -> Result<Service, ServiceError> {
-        let registry = ActionRegistry::with_builtins(ActionSettings {
-            command_actions_enabled: config.command_actions_enabled,
-            http_action_allow_private: config.http_action_allow_private,
-        });
-        Service::start_with(config, clock, registry).await
+        Service::start_with(config, clock, ServiceOptions::default()).await
     }
 
-    /// Starts with a registry the caller filled: a library user's own
-    /// action kinds beside (or instead of) the built-in ones.
+    /// Starts with the action registry or memory sampler the caller chose.
     pub async fn start_with(
         config: Config,
         clock: Clock,
-        registry: ActionRegistry,
+        options: ServiceOptions,
     ) -> Result<Service, ServiceError> {
+        let registry = options.registry.unwrap_or_else(|| {
+            ActionRegistry::with_builtins(ActionSettings {
+                command_actions_enabled: config.command_actions_enabled,
+                http_action_allow_private: config.http_action_allow_private,
+            })
+        });
+        let memory_sampler = options
+            .memory_sampler
+            .unwrap_or_else(system_sampler_factory);
         match take_marker(&config.shutdown_marker_file, &config.plan_file) {
             PreviousStop::FirstStart => info!("First start: no plan file and no shutdown marker"),
             PreviousStop::Clean(marker) => info!(
@@ -116,6 +150,7 @@ impl Service {
             store: store.clone(),
             batcher,
             registry,
+            memory_sampler,
             directory: directory.clone(),
             escalations: escalation_tx,
         };

@@ -3,12 +3,19 @@
 
 mod common;
 
-use common::service::{DEADLINE, ready_ids, start_service, start_service_with};
+use std::time::Duration;
+
+use common::rules::{YEARLY, insert_rule, step};
+use common::service::{
+    DEADLINE, ready_ids, start_service, start_service_with, start_service_with_options,
+};
 use common::{eventually, sqlite_db};
 use ruled::actors::ask;
 use ruled::config::Config;
-use ruled::messages::{PlanMsg, RefresherMsg, WriterMsg};
-use ruled::service::{Service, StopCause};
+use ruled::memory::{FedSampler, MemoryReading};
+use ruled::messages::{MemoryGuardMsg, PlanMsg, RefresherMsg, WriterMsg};
+use ruled::model::ExecutionStatus;
+use ruled::service::{Service, ServiceOptions, StopCause};
 use ruled::supervision::ActorKind;
 use uuid::Uuid;
 
@@ -104,6 +111,68 @@ async fn the_writer_and_refresher_are_restarted_too() {
             .is_ok_and(|s| s.writes_ok > 0 && s.write_thread_alive)
     })
     .await;
+    service.shutdown("test").await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_memory_guard_is_restarted_and_its_first_reading_releases_the_master() {
+    let db = sqlite_db().await;
+    let feed = FedSampler::new(MemoryReading::ram_percent(95.0));
+    // One reading per guard incarnation: only a restarted guard sees what
+    // the feed says next.
+    let running = start_service_with_options(
+        &db.url,
+        |config| Config {
+            master_grace_period: Duration::ZERO,
+            worker_stagger: Duration::ZERO,
+            memory_check_interval: Duration::from_secs(3600),
+            ..config
+        },
+        ServiceOptions::new().memory_sampler(feed.factory()),
+    )
+    .await;
+    let service = running.service;
+    let guard = service.directory().memory_guard().unwrap();
+    let status = ask(&guard, MemoryGuardMsg::Status).await.unwrap();
+    assert!(status.throttle.throttled, "{status:?}");
+    let id = insert_rule(
+        service.store(),
+        YEARLY,
+        chrono::Utc::now().timestamp_millis(),
+        &[step("noop", serde_json::json!({}))],
+    )
+    .await;
+    eventually(DEADLINE, "the rule is ready", || async {
+        ready_ids(&service).await.contains(&id)
+    })
+    .await;
+    assert!(service.store().executions_for(id).await.unwrap().is_empty());
+
+    feed.set(MemoryReading::ram_percent(50.0));
+    guard
+        .cast(MemoryGuardMsg::InjectPanic(
+            "test: memory guard panics".into(),
+        ))
+        .unwrap();
+    eventually(DEADLINE, "the memory guard was restarted once", || async {
+        restarts(&service, ActorKind::MemoryGuard).await == 1
+    })
+    .await;
+    // Its first reading is below every level and changes nothing in its
+    // own fresh gate, yet it must reach the master, which was held back.
+    eventually(DEADLINE, "the held rule runs", || async {
+        service
+            .store()
+            .executions_for(id)
+            .await
+            .unwrap()
+            .iter()
+            .any(|e| e.status == ExecutionStatus::Completed)
+    })
+    .await;
+    let stats = service.supervisor_stats().await.unwrap();
+    assert!(stats.alive.values().all(|&alive| alive), "{stats:?}");
+    assert_eq!(stats.restarts["memory_guard"], 1);
     service.shutdown("test").await.unwrap();
 }
 

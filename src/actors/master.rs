@@ -15,13 +15,13 @@ use tracing::{debug, error, info, warn};
 use uuid::Uuid;
 
 use crate::actions::ActionRegistry;
-use crate::actors::ask;
 use crate::actors::worker::{WorkerActor, WorkerArgs, next_run_after};
+use crate::actors::{ask, ask_within};
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::messages::master::{CancelOutcome, DrainReport, ForceStopOutcome, JobReport};
 use crate::messages::worker::{CancelReason, Job};
-use crate::messages::{MasterMsg, PlanMsg, WorkerMsg};
+use crate::messages::{MasterMsg, MemoryGuardMsg, PlanMsg, WorkerMsg};
 use crate::metrics as m;
 use crate::model::{ExecutionStatus, Millis};
 use crate::plan::JobSpec;
@@ -66,6 +66,8 @@ pub struct MasterState {
     next_tick_at: Option<Millis>,
     started: bool,
     drain: Option<Drain>,
+    /// Set while the memory guard holds new work back.
+    throttled: bool,
 }
 
 impl Actor for MasterActor {
@@ -91,6 +93,7 @@ impl Actor for MasterActor {
             config.master_grace_period
         );
         let grace = config.master_grace_period;
+        let throttled = memory_throttled(&args.directory).await;
         let mut state = MasterState {
             queue: JobQueue::new(config.recently_processed.as_millis() as Millis),
             args,
@@ -103,6 +106,7 @@ impl Actor for MasterActor {
             next_tick_at: None,
             started: false,
             drain: None,
+            throttled,
         };
         state.schedule_tick(&myself, grace);
         Ok(state)
@@ -154,6 +158,7 @@ impl Actor for MasterActor {
             }
             MasterMsg::Drain { grace, reply } => state.start_drain(&myself, grace, reply).await,
             MasterMsg::DrainDeadline => state.drain_deadline(),
+            MasterMsg::MemoryThrottle(status) => state.memory_throttle(&myself, status.throttled),
             MasterMsg::InjectPanic(reason) => panic!("{reason}"),
         }
         Ok(())
@@ -194,7 +199,7 @@ impl MasterState {
 
     async fn tick(&mut self, myself: &ActorRef<MasterMsg>) {
         let fetch_interval = self.args.config.master_fetch_interval;
-        if self.drain.is_some() {
+        if self.drain.is_some() || self.throttled {
             return;
         }
         // A fetch walks the plan and claims in the database; while the queue
@@ -351,7 +356,7 @@ impl MasterState {
     /// waits for a commit of its own between the two states.
     async fn dispatch(&mut self) {
         let now = self.args.clock.now_ms();
-        while !self.idle.is_empty() && self.queue.queued_len() > 0 {
+        while !self.throttled && !self.idle.is_empty() && self.queue.queued_len() > 0 {
             let worker = self.idle.pop_front().expect("checked non-empty");
             let (_, job) = self
                 .queue
@@ -398,6 +403,9 @@ impl MasterState {
         };
         match Actor::spawn_linked(None, WorkerActor, args, myself.get_cell()).await {
             Ok((worker, _)) => {
+                if self.throttled {
+                    let _ = worker.cast(WorkerMsg::MemoryThrottle { throttled: true });
+                }
                 self.alive.insert(worker.get_id(), worker.clone());
                 self.idle.push_back(worker);
                 if self.started {
@@ -410,6 +418,24 @@ impl MasterState {
             }
         }
         self.publish_gauges();
+    }
+
+    /// Seed 004's throttle: no fetch and no handoff while set; running jobs
+    /// go on. Workers hear it too. On release the deferred rules are all
+    /// due, so the master looks at once.
+    fn memory_throttle(&mut self, myself: &ActorRef<MasterMsg>, throttled: bool) {
+        if self.throttled == throttled {
+            return;
+        }
+        self.throttled = throttled;
+        for worker in self.alive.values() {
+            let _ = worker.cast(WorkerMsg::MemoryThrottle { throttled });
+        }
+        if throttled {
+            info!("👑 Master holds new work back while memory is short");
+        } else if self.started {
+            self.schedule_tick(myself, Duration::ZERO);
+        }
     }
 
     fn job_finished(&mut self, myself: &ActorRef<MasterMsg>, report: JobReport) {
@@ -660,6 +686,25 @@ impl MasterState {
         if let Some(reply) = drain.reply.take() {
             info!("👑 Master drained: {:?}", drain.report);
             let _ = reply.send(drain.report.clone());
+        }
+    }
+}
+
+/// How long a starting master waits for the memory guard's status.
+const GUARD_STATUS_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Whether the memory guard holds work back now: a restarted master must
+/// not run what the guard is deferring. No guard (actors built by hand,
+/// or the guard restarting, which publishes its first verdict) means no.
+async fn memory_throttled(directory: &Directory) -> bool {
+    let Some(guard) = directory.memory_guard() else {
+        return false;
+    };
+    match ask_within(&guard, GUARD_STATUS_TIMEOUT, MemoryGuardMsg::Status).await {
+        Ok(status) => status.throttle.throttled,
+        Err(e) => {
+            warn!("The memory guard did not give its status ({e}); starting unthrottled");
+            false
         }
     }
 }

@@ -1,8 +1,9 @@
 //! One actor per file. Each is a thin shell: its logic lives in the pure
-//! modules (`plan`, `schedule`, `supervision::policy`), so the actors only
-//! own state, receive messages and do I/O.
+//! modules (`plan`, `schedule`, `memory`, `supervision::policy`), so the
+//! actors only own state, receive messages and do I/O.
 
 pub mod master;
+pub mod memory_guard;
 pub mod plan;
 pub mod refresher;
 pub mod worker;

@@ -50,10 +50,20 @@ struct CurrentJob {
     started: Instant,
 }
 
+/// A job handed over while memory was short: its lock is kept fresh until
+/// it can start.
+struct HeldJob {
+    job: Box<Job>,
+    renewal: JoinHandle<()>,
+}
+
 pub struct WorkerState {
     args: WorkerArgs,
     id: ActorId,
     current: Option<CurrentJob>,
+    /// Set by the master while the memory guard holds new work back.
+    throttled: bool,
+    held: Option<HeldJob>,
 }
 
 impl Actor for WorkerActor {
@@ -70,6 +80,8 @@ impl Actor for WorkerActor {
             args,
             id: myself.get_id(),
             current: None,
+            throttled: false,
+            held: None,
         })
     }
 
@@ -81,19 +93,20 @@ impl Actor for WorkerActor {
     ) -> Result<(), ActorProcessingErr> {
         match message {
             WorkerMsg::Run { job, scheduled } => {
-                // Queued now, right behind the master's Scheduled write, so
-                // both commit together; it applies only if Scheduled did.
-                let started_at = state.args.clock.now_ms();
-                let running = state
-                    .args
-                    .batcher
-                    .enqueue(Transition::Running {
-                        fence: job.fence.clone(),
-                        now: started_at,
-                    })
-                    .await;
+                // Running is queued at once, right behind the master's
+                // Scheduled write, so both commit together; it applies only
+                // if Scheduled did. A job held back by the memory guard
+                // queues it when it starts.
+                let running = if state.throttled {
+                    None
+                } else {
+                    Some(state.queue_running(&job).await)
+                };
                 if state.handoff_confirmed(&job, scheduled).await {
-                    state.start(&myself, job, running, started_at).await;
+                    match running {
+                        Some((running, at)) => state.start(&myself, job, running, at).await,
+                        None => state.hold(&myself, job),
+                    }
                 } else {
                     state.report(&job, ExecutionStatus::Cancelled);
                     myself.stop(Some("claim lost before the handoff".into()));
@@ -103,7 +116,10 @@ impl Actor for WorkerActor {
                 execution_id,
                 reason,
             } => {
-                if let Some(current) = state
+                let held = state.held.as_ref().map(|held| held.job.execution_id());
+                if held == Some(execution_id) {
+                    state.drop_held(&myself, reason).await;
+                } else if let Some(current) = state
                     .current
                     .as_mut()
                     .filter(|current| current.job.execution_id() == execution_id)
@@ -111,7 +127,18 @@ impl Actor for WorkerActor {
                     current.cancel(reason);
                 }
             }
+            WorkerMsg::RenewLock if state.current.is_none() => {
+                state.renew_held_lock(&myself).await;
+            }
             WorkerMsg::RenewLock => state.renew_lock().await,
+            WorkerMsg::MemoryThrottle { throttled } => {
+                state.throttled = throttled;
+                if !throttled && let Some(held) = state.held.take() {
+                    held.renewal.abort();
+                    let (running, at) = state.queue_running(&held.job).await;
+                    state.start(&myself, held.job, running, at).await;
+                }
+            }
             WorkerMsg::ActionsDone(outcome) => {
                 state.finish(*outcome).await;
                 if state.args.config.worker_single_job_mode {
@@ -131,6 +158,9 @@ impl Actor for WorkerActor {
         // with a job still running is the supervisor's business, not ours.
         if let Some(current) = state.current.take() {
             current.renewal.abort();
+        }
+        if let Some(held) = state.held.take() {
+            held.renewal.abort();
         }
         Ok(())
     }
@@ -164,6 +194,16 @@ impl WorkerState {
                 true
             }
         }
+    }
+
+    /// Queues the job's Running write, stamped now.
+    async fn queue_running(&self, job: &Job) -> (PendingTransition, Millis) {
+        let now = self.args.clock.now_ms();
+        let running = Transition::Running {
+            fence: job.fence.clone(),
+            now,
+        };
+        (self.args.batcher.enqueue(running).await, now)
     }
 
     async fn start(
@@ -239,6 +279,84 @@ impl WorkerState {
             renewal,
             started: Instant::now(),
         });
+    }
+
+    fn hold(&mut self, myself: &ActorRef<WorkerMsg>, job: Box<Job>) {
+        info!(
+            branch_rule_id = %job.branch_rule_id(),
+            execution_id = %job.execution_id(),
+            "👷 Worker-{} waits for memory before starting its job", self.args.number
+        );
+        let renew_every = self.args.config.schedule_lock_timeout / 3;
+        let renewal = myself.send_interval(renew_every, || WorkerMsg::RenewLock);
+        self.held = Some(HeldJob { job, renewal });
+    }
+
+    async fn renew_held_lock(&mut self, myself: &ActorRef<WorkerMsg>) {
+        let Some(held) = self.held.as_ref() else {
+            return;
+        };
+        let now = self.args.clock.now_ms();
+        match self.args.batcher.renew_lock(&held.job.fence, now).await {
+            Ok(true) => {}
+            Ok(false) => self.drop_held(myself, CancelReason::LockLost).await,
+            Err(e) => {
+                metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "renew_lock").increment(1);
+                warn!("Lock renewal failed: {e}");
+            }
+        }
+    }
+
+    /// A held job never started, so it ends as one cancelled before the
+    /// handoff does (seed 002): Cancelled, the occurrence not consumed
+    /// unless an operator asked; at shutdown it runs after the restart.
+    /// With the lock lost there is nothing of ours left to write.
+    async fn drop_held(&mut self, myself: &ActorRef<WorkerMsg>, reason: CancelReason) {
+        let Some(held) = self.held.take() else {
+            return;
+        };
+        held.renewal.abort();
+        let job = held.job;
+        let (branch_rule_id, execution_id) = (job.branch_rule_id(), job.execution_id());
+        warn!(%branch_rule_id, %execution_id, "🛑 Worker-{} dropped its job before it started: {reason:?}", self.args.number);
+        if reason != CancelReason::LockLost {
+            let now = self.args.clock.now_ms();
+            let finish = Finish {
+                status: ExecutionStatus::Cancelled,
+                finished_at: now,
+                error: Some(format!("cancelled before it started: {reason:?}")),
+                output: None,
+                next_run_time: match reason {
+                    CancelReason::Requested => next_run_after(&job, now),
+                    _ => None,
+                },
+                advance_last_run: false,
+            };
+            let plan = self.args.directory.plan();
+            match self.args.batcher.finish(&job.fence, &finish).await {
+                Ok(Some(row)) => {
+                    if let Some(plan) = plan {
+                        let _ = plan.cast(PlanMsg::PostProcessed(row));
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "finish").increment(1);
+                    warn!(%branch_rule_id, %execution_id, "Cancellation kept in the outbox: {e}");
+                    if let Some(plan) = plan {
+                        let entry = OutboxEntry {
+                            fence: job.fence.clone(),
+                            finish,
+                            added_at: now,
+                        };
+                        let _ = plan.cast(PlanMsg::AddOutbox(Box::new(entry)));
+                    }
+                }
+            }
+            metrics::counter!(m::JOBS_TOTAL, "outcome" => "cancelled").increment(1);
+        }
+        self.report(&job, ExecutionStatus::Cancelled);
+        myself.stop(Some("job dropped before it started".into()));
     }
 
     async fn renew_lock(&mut self) {

@@ -4,6 +4,7 @@ use ractor::{ActorId, RpcReplyPort};
 use serde::Serialize;
 use uuid::Uuid;
 
+use crate::memory::ThrottleStatus;
 use crate::model::ExecutionStatus;
 use crate::plan::JobSpec;
 use crate::queue::QueueStats;
@@ -45,6 +46,9 @@ pub enum MasterMsg {
     },
     /// The drain's grace period is over: cancel what still runs.
     DrainDeadline,
+    /// The memory guard's verdict (pushed on every change): while
+    /// throttled, nothing is fetched, claimed or handed to a worker.
+    MemoryThrottle(ThrottleStatus),
     /// Panics inside the actor, for supervision tests and chaos drills.
     InjectPanic(String),
 }

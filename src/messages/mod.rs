@@ -2,6 +2,7 @@
 //! with a timeout; everything else is a cast.
 
 pub mod master;
+pub mod memory_guard;
 pub mod plan;
 pub mod refresher;
 pub mod supervisor;
@@ -9,6 +10,7 @@ pub mod worker;
 pub mod writer;
 
 pub use master::MasterMsg;
+pub use memory_guard::MemoryGuardMsg;
 pub use plan::PlanMsg;
 pub use refresher::RefresherMsg;
 pub use supervisor::SupervisorMsg;

@@ -60,6 +60,10 @@ pub enum WorkerMsg {
     },
     /// Renew the claim's lock_time (every third of the lock timeout).
     RenewLock,
+    /// The memory guard's state, from the master: a job handed over while
+    /// throttled waits for the release before it starts; a running one
+    /// goes on.
+    MemoryThrottle { throttled: bool },
     /// The actions finished (sent by the worker's own job task).
     ActionsDone(Box<JobOutcome>),
 }

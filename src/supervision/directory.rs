@@ -11,7 +11,7 @@ use std::sync::Arc;
 use ractor::{ActorRef, Message};
 
 use super::ActorKind;
-use crate::messages::{MasterMsg, PlanMsg, RefresherMsg, SupervisorMsg, WriterMsg};
+use crate::messages::{MasterMsg, MemoryGuardMsg, PlanMsg, RefresherMsg, SupervisorMsg, WriterMsg};
 
 #[derive(Clone)]
 pub struct Directory {
@@ -63,6 +63,10 @@ impl Directory {
 
     pub fn master(&self) -> Option<ActorRef<MasterMsg>> {
         self.find(ActorKind::Master)
+    }
+
+    pub fn memory_guard(&self) -> Option<ActorRef<MemoryGuardMsg>> {
+        self.find(ActorKind::MemoryGuard)
     }
 
     pub fn supervisor(&self) -> Option<ActorRef<SupervisorMsg>> {

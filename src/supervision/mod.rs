@@ -26,12 +26,14 @@ pub use policy::{RestartDecision, RestartPolicy, backoff};
 
 use crate::actions::ActionRegistry;
 use crate::actors::master::{MasterActor, MasterArgs};
+use crate::actors::memory_guard::{MemoryGuardActor, MemoryGuardArgs};
 use crate::actors::plan::{PlanActor, PlanArgs};
 use crate::actors::refresher::{RefresherActor, RefresherArgs};
 use crate::actors::writer::{WriterActor, WriterArgs};
 use crate::actors::{AskError, ask, ask_within};
 use crate::clock::Clock;
 use crate::config::Config;
+use crate::memory::SamplerFactory;
 use crate::messages::supervisor::SupervisorStats;
 use crate::messages::{MasterMsg, PlanMsg, RefresherMsg, SupervisorMsg, WriterMsg};
 use crate::metrics as m;
@@ -44,17 +46,20 @@ pub enum ActorKind {
     Plan,
     Writer,
     Refresher,
+    MemoryGuard,
     Master,
 }
 
 impl ActorKind {
     /// Start order: the writer before the plan (the plan hands it snapshots),
-    /// the plan before the refresher (the refresher merges into it).
-    /// …and the master last: it dispatches from the plan.
-    pub const START_ORDER: [ActorKind; 4] = [
+    /// the plan before the refresher (the refresher merges into it), the
+    /// memory guard before the master (which asks it whether to hold work
+    /// back), and the master last: it dispatches from the plan.
+    pub const START_ORDER: [ActorKind; 5] = [
         ActorKind::Writer,
         ActorKind::Plan,
         ActorKind::Refresher,
+        ActorKind::MemoryGuard,
         ActorKind::Master,
     ];
 
@@ -63,6 +68,7 @@ impl ActorKind {
             ActorKind::Plan => "plan",
             ActorKind::Writer => "writer",
             ActorKind::Refresher => "refresher",
+            ActorKind::MemoryGuard => "memory_guard",
             ActorKind::Master => "master",
         }
     }
@@ -100,6 +106,8 @@ pub struct SupervisorArgs {
     pub store: Store,
     pub batcher: TransitionBatcher,
     pub registry: ActionRegistry,
+    /// Makes the memory guard's sampler, on every (re)start of the guard.
+    pub memory_sampler: SamplerFactory,
     pub directory: Directory,
     pub escalations: mpsc::UnboundedSender<Escalation>,
 }
@@ -248,6 +256,17 @@ impl SupervisorState {
                     .0
                     .get_cell()
             }
+            ActorKind::MemoryGuard => {
+                let args = MemoryGuardArgs {
+                    config: Arc::clone(&a.config),
+                    sampler: Arc::clone(&a.memory_sampler),
+                    directory: a.directory.clone(),
+                };
+                Actor::spawn_linked(name, MemoryGuardActor, args, supervisor)
+                    .await?
+                    .0
+                    .get_cell()
+            }
             ActorKind::Master => {
                 let args = MasterArgs {
                     config: Arc::clone(&a.config),
@@ -341,7 +360,12 @@ impl SupervisorState {
             ),
             Err(e) => warn!("⚠️ Could not write the plan at shutdown: {e}"),
         }
-        for kind in [ActorKind::Master, ActorKind::Plan, ActorKind::Writer] {
+        for kind in [
+            ActorKind::Master,
+            ActorKind::MemoryGuard,
+            ActorKind::Plan,
+            ActorKind::Writer,
+        ] {
             if let Some(cell) = self.alive.get(&kind) {
                 info!("Stopping the {kind} actor");
                 let _ = cell.stop_and_wait(Some("shutdown".into()), None).await;

@@ -6,7 +6,7 @@ use ruled::actors::ask;
 use ruled::clock::Clock;
 use ruled::config::Config;
 use ruled::messages::PlanMsg;
-use ruled::service::Service;
+use ruled::service::{Service, ServiceOptions};
 use tempfile::TempDir;
 use uuid::Uuid;
 
@@ -55,10 +55,21 @@ pub async fn start_service_with(
     database_url: &str,
     adjust: impl FnOnce(Config) -> Config,
 ) -> RunningService {
+    start_service_with_options(database_url, adjust, ServiceOptions::default()).await
+}
+
+/// [`start_service_with`], with a registry or memory sampler of the test's.
+pub async fn start_service_with_options(
+    database_url: &str,
+    adjust: impl FnOnce(Config) -> Config,
+    options: ServiceOptions,
+) -> RunningService {
     init_logs();
     let dir = tempfile::tempdir().unwrap();
     let config = adjust(test_config(database_url, dir.path()));
-    let service = Service::start(config, Clock::system()).await.unwrap();
+    let service = Service::start_with(config, Clock::system(), options)
+        .await
+        .unwrap();
     RunningService { service, dir }
 }
 
