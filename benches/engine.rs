@@ -13,6 +13,8 @@
 //!
 //! Nothing here asserts a time; the figures go to BENCHMARKS.md.
 
+mod common;
+
 use std::time::{Duration, Instant};
 
 use ruled::clock::Clock;
@@ -20,7 +22,6 @@ use ruled::config::Config;
 use ruled::model::*;
 use ruled::service::Service;
 use ruled::store::Store;
-use serde_json::json;
 use uuid::Uuid;
 
 const BURST: usize = 10_000;
@@ -29,99 +30,6 @@ const SPREAD_STEP_MS: i64 = 10;
 
 fn now_ms() -> Millis {
     chrono::Utc::now().timestamp_millis()
-}
-
-/// One brand, branch, rule and noop template; `due.len()` branch rules
-/// with one action each, written in multi-row statements.
-async fn seed(store: &Store, due: &[Millis]) -> Vec<Uuid> {
-    let now = now_ms();
-    let (brand, branch, rule, template) = (
-        Uuid::new_v4(),
-        Uuid::new_v4(),
-        Uuid::new_v4(),
-        Uuid::new_v4(),
-    );
-    store
-        .insert_brand(&Brand {
-            id: brand,
-            name: "bench".into(),
-            settings: json!({}),
-            created_at: now,
-            updated_at: now,
-        })
-        .await
-        .unwrap();
-    store
-        .insert_branch(&Branch {
-            id: branch,
-            brand_id: brand,
-            name: "bench".into(),
-            timezone: Some("UTC".into()),
-            is_active: true,
-            created_at: now,
-            updated_at: now,
-        })
-        .await
-        .unwrap();
-    store
-        .insert_rule(&Rule {
-            id: rule,
-            brand_id: Some(brand),
-            name: "bench".into(),
-            status: RuleStatus::Active,
-            cron_expression: "0 0 1 1 *".into(),
-            settings: json!({}),
-            created_at: now,
-            updated_at: now,
-        })
-        .await
-        .unwrap();
-    store
-        .insert_action_template(&ActionTemplate {
-            id: template,
-            name: "noop".into(),
-            kind: "noop".into(),
-            config: json!({}),
-            created_at: now,
-            updated_at: now,
-        })
-        .await
-        .unwrap();
-    let ids: Vec<Uuid> = due.iter().map(|_| Uuid::new_v4()).collect();
-    for (chunk_ids, chunk_due) in ids.chunks(500).zip(due.chunks(500)) {
-        let rules: Vec<String> = chunk_ids
-            .iter()
-            .zip(chunk_due)
-            .map(|(id, at)| {
-                format!("('{id}', '{branch}', '{rule}', TRUE, FALSE, FALSE, FALSE, {at}, 0, '{{}}', {now}, {now})")
-            })
-            .collect();
-        store
-            .execute_sql(&format!(
-                "INSERT INTO branch_rules (id, branch_id, rule_id, is_active, is_archived, is_force_stopped, \
-                 is_currently_running, next_run_time, lock_epoch, params, created_at, updated_at) VALUES {}",
-                rules.join(", ")
-            ))
-            .await
-            .unwrap();
-        let details: Vec<String> = chunk_ids
-            .iter()
-            .map(|id| {
-                format!(
-                    "('{}', '{id}', '{template}', 0, '{{}}', {now}, {now})",
-                    Uuid::new_v4()
-                )
-            })
-            .collect();
-        store
-            .execute_sql(&format!(
-                "INSERT INTO action_details (id, branch_rule_id, action_template_id, position, params, created_at, updated_at) VALUES {}",
-                details.join(", ")
-            ))
-            .await
-            .unwrap();
-    }
-    ids
 }
 
 fn config(database_url: &str, dir: &std::path::Path, workers: usize) -> Config {
@@ -153,7 +61,7 @@ async fn run(url: &str, workers: usize, due: Vec<Millis>) -> Run {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::connect(url).await.unwrap();
     store.migrate().await.unwrap();
-    seed(&store, &due).await;
+    common::seed(&store, &due, "0 0 1 1 *", "noop").await;
     let total = due.len() as i64;
     let started = Instant::now();
     let started_ms = now_ms();

@@ -21,7 +21,7 @@ use crate::clock::Clock;
 use crate::config::Config;
 use crate::messages::master::{CancelOutcome, DrainReport, ForceStopOutcome, JobReport};
 use crate::messages::worker::{CancelReason, Job};
-use crate::messages::{MasterMsg, MemoryGuardMsg, PlanMsg, WorkerMsg};
+use crate::messages::{MasterMsg, MemoryGuardMsg, PlanMsg, RefresherMsg, WorkerMsg};
 use crate::metrics as m;
 use crate::model::{ExecutionStatus, Millis};
 use crate::plan::JobSpec;
@@ -39,6 +39,8 @@ pub struct MasterArgs {
     pub batcher: TransitionBatcher,
     pub registry: ActionRegistry,
     pub directory: Directory,
+    /// A restart after a failure: the old master's workers went with it.
+    pub restarted: bool,
 }
 
 struct BusyWorker {
@@ -112,6 +114,17 @@ impl Actor for MasterActor {
         Ok(state)
     }
 
+    async fn post_start(
+        &self,
+        _myself: ActorRef<MasterMsg>,
+        state: &mut MasterState,
+    ) -> Result<(), ActorProcessingErr> {
+        if state.args.restarted {
+            state.recover_after_restart().await;
+        }
+        Ok(())
+    }
+
     async fn handle(
         &self,
         myself: ActorRef<MasterMsg>,
@@ -183,6 +196,62 @@ impl Actor for MasterActor {
 }
 
 impl MasterState {
+    /// A restarted master starts with an empty queue and no workers: the
+    /// old master's workers were stopped with it. Whatever they and its
+    /// claims held is recorded Failed `worker_lost` and released, the
+    /// recovery a restarted process runs, and the plan's running flags are
+    /// rebuilt from the database. Nothing runs twice: an occurrence whose
+    /// result landed is terminal and left alone; the others run again as a
+    /// new attempt once the grace period is over.
+    async fn recover_after_restart(&mut self) {
+        let args = &self.args;
+        let instance_id = &args.config.instance_id;
+        let now = args.clock.now_ms();
+        // The group commit runs its queue in order: once this no-op has
+        // committed, so have the claims and writes the old master and its
+        // workers queued before they stopped.
+        let barrier = Fence {
+            execution_id: Uuid::nil(),
+            branch_rule_id: Uuid::nil(),
+            holder: instance_id.clone(),
+            epoch: -1,
+        };
+        let _ = args.batcher.renew_lock(&barrier, now).await;
+        // Results kept in the outbox are real outcomes: they land before
+        // the rest is declared lost.
+        if let Some(refresher) = args.directory.refresher() {
+            let _ = ask(&refresher, RefresherMsg::DeliverOutbox).await;
+        }
+        match args.store.recover_owner(instance_id, now).await {
+            Ok(lost) => {
+                for execution in &lost {
+                    metrics::counter!(m::JOBS_TOTAL, "outcome" => "failed").increment(1);
+                    warn!(
+                        branch_rule_id = %execution.branch_rule_id,
+                        execution_id = %execution.id,
+                        "💥 Job lost with the previous master (worker_lost); it runs again"
+                    );
+                }
+                info!(
+                    "👑 Master restarted: {} job(s) of the previous master recorded worker_lost",
+                    lost.len()
+                );
+            }
+            Err(e) => {
+                // Their locks time out (SCHEDULE_LOCK_TIMEOUT_SECONDS) and
+                // the occurrences are claimed again then.
+                metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "recover_owner").increment(1);
+                warn!("Master restarted; the previous master's jobs could not be recovered: {e}");
+            }
+        }
+        if let Some(plan) = args.directory.plan() {
+            let _ = ask(&plan, PlanMsg::ResetRunningFlags).await;
+        }
+        if let Some(refresher) = args.directory.refresher() {
+            let _ = refresher.cast(RefresherMsg::RefreshNow);
+        }
+    }
+
     /// Arms the wake-up timer for `after` from now, unless an earlier one is
     /// already armed. Each arming bumps the generation, so only the newest
     /// timer's tick counts.

@@ -261,12 +261,15 @@ impl WorkerState {
         let worker = myself.clone();
         tokio::spawn(async move {
             let outcome = match steps {
-                Ok(steps) => run_steps(&registry, execution_id, &steps, timeout, cancel_rx).await,
-                Err(error) => JobOutcome {
-                    status: ExecutionStatus::Failed,
-                    error: Some(error),
-                    output: Value::Array(Vec::new()),
-                },
+                // The actions run in a task of their own so that a panicking
+                // action is seen here as a failed job, with its message,
+                // instead of a job that never reports back.
+                Ok(steps) => tokio::spawn(async move {
+                    run_steps(&registry, execution_id, &steps, timeout, cancel_rx).await
+                })
+                .await
+                .unwrap_or_else(|e| failed(format!("action panicked: {}", panic_message(e)))),
+                Err(error) => failed(error),
             };
             let _ = worker.cast(WorkerMsg::ActionsDone(Box::new(outcome)));
         });
@@ -479,6 +482,27 @@ pub fn next_run_after(job: &Job, now: Millis) -> Option<Millis> {
 /// job. The whole job is bounded by `timeout` and stops at once when
 /// `cancel` fires: dropping the step's future is what stops it (a command's
 /// process group is killed by its guard).
+fn failed(error: String) -> JobOutcome {
+    JobOutcome {
+        status: ExecutionStatus::Failed,
+        error: Some(error),
+        output: Value::Array(Vec::new()),
+    }
+}
+
+/// The text a task panicked with, as `panic!` formats it.
+fn panic_message(error: tokio::task::JoinError) -> String {
+    if !error.is_panic() {
+        return error.to_string();
+    }
+    let payload = error.into_panic();
+    payload
+        .downcast_ref::<&str>()
+        .map(|text| text.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_string())
+}
+
 pub async fn run_steps(
     registry: &ActionRegistry,
     execution_id: Uuid,

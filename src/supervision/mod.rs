@@ -145,7 +145,7 @@ impl Actor for RootSupervisor {
         // A child that cannot start at all is a configuration problem:
         // fail loudly now rather than restart it in a loop.
         for kind in ActorKind::START_ORDER {
-            state.spawn_child(&myself, kind).await?;
+            state.spawn_child(&myself, kind, false).await?;
         }
         Ok(state)
     }
@@ -161,7 +161,7 @@ impl Actor for RootSupervisor {
                 if state.shutting_down || state.alive.contains_key(&kind) {
                     return Ok(());
                 }
-                if let Err(e) = state.spawn_child(&myself, kind).await {
+                if let Err(e) = state.spawn_child(&myself, kind, true).await {
                     state.child_failed(&myself, kind, format!("restart failed: {e}"));
                 } else {
                     *state.restarts.entry(kind).or_default() += 1;
@@ -217,6 +217,7 @@ impl SupervisorState {
         &mut self,
         myself: &ActorRef<SupervisorMsg>,
         kind: ActorKind,
+        restart: bool,
     ) -> Result<(), ActorProcessingErr> {
         let name = Some(self.args.directory.name_of(kind));
         let supervisor = myself.get_cell();
@@ -275,6 +276,7 @@ impl SupervisorState {
                     batcher: a.batcher.clone(),
                     registry: a.registry.clone(),
                     directory: a.directory.clone(),
+                    restarted: restart,
                 };
                 Actor::spawn_linked(name, MasterActor, args, supervisor)
                     .await?

@@ -1,0 +1,146 @@
+//! Soak run (issue 4): does the service stay flat over a long run?
+//!
+//! `cargo bench --bench soak` runs the real service in-process on a SQLite
+//! file database for RULED_SOAK_MINUTES (default 30): 1,000 rules due every
+//! minute, each job allocating and touching RULED_SOAK_ALLOC_KIB (default
+//! 4096) of memory and freeing it, single-job mode, WORKER_COUNT 10. Every
+//! five minutes, and at the end, it prints the process RSS and the
+//! executions so far; the figures go to BENCHMARKS.md. Nothing asserts a
+//! size or a time.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ruled::actions::{
+    ActionCall, ActionFuture, ActionHandler, ActionOutput, ActionRegistry, ActionSettings,
+};
+use ruled::clock::Clock;
+use ruled::config::Config;
+use ruled::model::ExecutionStatus;
+use ruled::service::{Service, ServiceOptions};
+use ruled::store::Store;
+use serde_json::json;
+
+const RULES: usize = 1_000;
+
+/// Allocates a buffer, writes every page of it (so it is resident), reads
+/// it back and frees it: a job with a real memory footprint.
+struct AllocAction {
+    bytes: usize,
+}
+
+impl ActionHandler for AllocAction {
+    fn kind(&self) -> &str {
+        "alloc"
+    }
+
+    fn run<'a>(&'a self, _call: &'a ActionCall) -> ActionFuture<'a> {
+        Box::pin(async move {
+            let mut buffer = vec![0u8; self.bytes];
+            for (i, byte) in buffer.iter_mut().enumerate().step_by(4096) {
+                *byte = (i / 4096) as u8;
+            }
+            let checksum: u64 = buffer.iter().step_by(4096).map(|&b| b as u64).sum();
+            tokio::task::yield_now().await;
+            Ok(ActionOutput(
+                json!({ "bytes": buffer.len(), "checksum": checksum }),
+            ))
+        })
+    }
+}
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn env_number(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .map(|v| v.parse().unwrap_or_else(|_| panic!("{name}: a number")))
+        .unwrap_or(default)
+}
+
+async fn report(store: &Store, started: Instant, label: &str) {
+    let counts = store.count_executions_by_status().await.unwrap();
+    let count = |status| {
+        counts
+            .iter()
+            .find(|(s, _)| *s == status)
+            .map_or(0, |(_, n)| *n)
+    };
+    println!(
+        "| {label} | {:.1} | {} | {} | {} | {} |",
+        started.elapsed().as_secs_f64() / 60.0,
+        rss_kib() / 1024,
+        count(ExecutionStatus::Completed),
+        count(ExecutionStatus::Failed),
+        counts.iter().map(|(_, n)| n).sum::<i64>(),
+    );
+}
+
+fn main() {
+    let minutes = env_number("RULED_SOAK_MINUTES", 30);
+    let alloc_kib = env_number("RULED_SOAK_ALLOC_KIB", 4096);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}/soak.db", dir.path().display());
+        let store = Store::connect(&url).await.unwrap();
+        store.migrate().await.unwrap();
+        // First due at the next minute, then every minute.
+        let now = chrono::Utc::now().timestamp_millis();
+        let first = (now / 60_000 + 1) * 60_000;
+        common::seed(&store, &vec![first; RULES], "* * * * *", "alloc").await;
+
+        let mut registry = ActionRegistry::with_builtins(ActionSettings::default());
+        registry.register(Arc::new(AllocAction {
+            bytes: alloc_kib as usize * 1024,
+        }));
+        let config = Config {
+            database_url: url.clone(),
+            plan_file: dir.path().join("plan.json"),
+            shutdown_marker_file: dir.path().join("marker.json"),
+            worker_count: 10,
+            master_grace_period: Duration::ZERO,
+            ..Config::default()
+        };
+        let started = Instant::now();
+        let service = Service::start_with(
+            config,
+            Clock::system(),
+            ServiceOptions::new().registry(registry),
+        )
+        .await
+        .unwrap();
+        println!(
+            "soak: {RULES} rules every minute, {alloc_kib} KiB per job, {minutes} min, WORKER_COUNT 10, single-job mode"
+        );
+        println!("| at | minutes | RSS MiB | completed | failed | executions |");
+        println!("|---|---:|---:|---:|---:|---:|");
+        // The first report after the first full round, once start-up
+        // allocations are done.
+        tokio::time::sleep(Duration::from_secs(90)).await;
+        report(&store, started, "start").await;
+        let end = started + Duration::from_secs(minutes * 60);
+        while Instant::now() + Duration::from_secs(300) < end {
+            tokio::time::sleep(Duration::from_secs(300)).await;
+            report(&store, started, "…").await;
+        }
+        tokio::time::sleep(end.saturating_duration_since(Instant::now())).await;
+        report(&store, started, "end").await;
+        service.shutdown("soak").await.unwrap();
+    });
+}
