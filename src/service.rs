@@ -2,6 +2,7 @@
 //! what integration tests start in-process.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use ractor::{Actor, ActorRef};
 use tokio::sync::mpsc;
@@ -21,7 +22,7 @@ use crate::persist::{
     PersistError, PreviousStop, ShutdownMarker, read_plan_file, take_marker, write_marker,
 };
 use crate::store::{Backend, Store, StoreError, TransitionBatcher};
-use crate::supervision::{Directory, Escalation, RootSupervisor, SupervisorArgs};
+use crate::supervision::{ActorKind, Directory, Escalation, RootSupervisor, SupervisorArgs};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {
@@ -31,6 +32,8 @@ pub enum ServiceError {
     Spawn(String),
     #[error("escalated: {0}")]
     Escalated(Escalation),
+    #[error("RULED_CHAOS_PANIC: {0}")]
+    ChaosDrill(String),
     #[error(transparent)]
     Persist(#[from] PersistError),
     #[error("cannot listen for signals: {0}")]
@@ -96,6 +99,20 @@ pub struct Service {
 }
 
 impl Service {
+    /// Panics `kind` every 200 ms until the supervisor gives up on it (see
+    /// [`CHAOS_PANIC_VAR`]).
+    pub fn start_panic_drill(&self, kind: ActorKind) {
+        warn!(actor = %kind, "🧨 {CHAOS_PANIC_VAR}: panicking actor {kind} until the supervisor escalates");
+        let directory = self.directory.clone();
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_millis(200));
+            loop {
+                every.tick().await;
+                directory.inject_panic(kind, "chaos drill (RULED_CHAOS_PANIC)");
+            }
+        });
+    }
+
     /// Connects and migrates the database, judges how the last run ended,
     /// and starts the supervision tree. The plan is loaded from PLAN_FILE by
     /// the PlanActor and refreshed from the database at once.
@@ -320,6 +337,9 @@ fn process_alive(pid: i64) -> bool {
 /// `ruled serve`: runs until a signal (exit 0) or an escalation (error).
 pub async fn serve(config: Config) -> Result<(), ServiceError> {
     let mut service = Service::start(config, Clock::system()).await?;
+    if let Some(kind) = chaos_panic_drill()? {
+        service.start_panic_drill(kind);
+    }
     match service.wait().await? {
         StopCause::Signal(signal) => service.shutdown(signal).await,
         StopCause::Escalated(escalation) => {
@@ -327,5 +347,17 @@ pub async fn serve(config: Config) -> Result<(), ServiceError> {
             service.abort().await;
             Err(ServiceError::Escalated(escalation))
         }
+    }
+}
+
+/// RULED_CHAOS_PANIC names an actor to panic over and over: a drill of the
+/// escalation path (the process must exit non-zero, naming the actor).
+/// Never set in production.
+pub const CHAOS_PANIC_VAR: &str = "RULED_CHAOS_PANIC";
+
+fn chaos_panic_drill() -> Result<Option<ActorKind>, ServiceError> {
+    match std::env::var(CHAOS_PANIC_VAR) {
+        Ok(name) if !name.is_empty() => name.parse().map(Some).map_err(ServiceError::ChaosDrill),
+        _ => Ok(None),
     }
 }

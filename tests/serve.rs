@@ -209,3 +209,27 @@ async fn a_second_process_with_the_same_instance_id_is_refused() {
     signal(&first, libc::SIGTERM);
     assert_eq!(wait_exit(&mut first).code(), Some(0));
 }
+
+/// An actor that keeps failing past SUPERVISOR_MAX_RESTARTS makes the
+/// process exit non-zero, naming the actor, so systemd or Kubernetes
+/// restarts it. RULED_CHAOS_PANIC panics the master over and over.
+#[test]
+fn an_actor_failing_past_the_restart_limit_exits_the_process_non_zero() {
+    let install = Install::new();
+    let mut command = install.command(&["serve"]);
+    command
+        .env("RULED_CHAOS_PANIC", "master")
+        .env("SUPERVISOR_MAX_RESTARTS", "3")
+        .env("SUPERVISOR_RESTART_WINDOW_SECONDS", "60")
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(install.path("chaos.log")).unwrap());
+    let mut child = command.spawn().unwrap();
+    let status = wait_exit(&mut child);
+    let log = install.log("chaos.log");
+    assert!(!status.success(), "exit status {status:?}\n{log}");
+    assert!(
+        log.contains("actor master failed 4 times within the restart window"),
+        "the log names the actor:\n{log}"
+    );
+}

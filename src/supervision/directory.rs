@@ -72,4 +72,28 @@ impl Directory {
     pub fn supervisor(&self) -> Option<ActorRef<SupervisorMsg>> {
         ActorRef::where_is(self.supervisor_name())
     }
+
+    /// Makes the actor panic with `reason` (supervision tests and chaos
+    /// drills). `false` when it is not running, e.g. between a failure
+    /// and its restart.
+    pub fn inject_panic(&self, kind: ActorKind, reason: &str) -> bool {
+        let reason = reason.to_string();
+        match kind {
+            ActorKind::Plan => self
+                .plan()
+                .is_some_and(|a| a.cast(PlanMsg::InjectPanic(reason)).is_ok()),
+            ActorKind::Writer => self
+                .writer()
+                .is_some_and(|a| a.cast(WriterMsg::InjectPanic(reason)).is_ok()),
+            ActorKind::Refresher => self
+                .refresher()
+                .is_some_and(|a| a.cast(RefresherMsg::InjectPanic(reason)).is_ok()),
+            ActorKind::MemoryGuard => self
+                .memory_guard()
+                .is_some_and(|a| a.cast(MemoryGuardMsg::InjectPanic(reason)).is_ok()),
+            ActorKind::Master => self
+                .master()
+                .is_some_and(|a| a.cast(MasterMsg::InjectPanic(reason)).is_ok()),
+        }
+    }
 }

@@ -74,6 +74,20 @@ impl ActorKind {
     }
 }
 
+impl std::str::FromStr for ActorKind {
+    type Err = String;
+
+    fn from_str(name: &str) -> Result<ActorKind, String> {
+        ActorKind::START_ORDER
+            .into_iter()
+            .find(|kind| kind.as_str() == name)
+            .ok_or_else(|| {
+                let names: Vec<&str> = ActorKind::START_ORDER.iter().map(|k| k.as_str()).collect();
+                format!("unknown actor {name:?}; one of {}", names.join(", "))
+            })
+    }
+}
+
 impl fmt::Display for ActorKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
