@@ -3,7 +3,8 @@
 //! `cargo bench --bench soak` runs the real service in-process on a SQLite
 //! file database for RULED_SOAK_MINUTES (default 30): 1,000 rules due every
 //! minute, each job allocating and touching RULED_SOAK_ALLOC_KIB (default
-//! 4096) of memory and freeing it, single-job mode, WORKER_COUNT 10. Every
+//! 4096) of memory and freeing it, single-job mode, WORKER_COUNT 10 with
+//! no cooldown. Every
 //! five minutes, and at the end, it prints the process RSS and the
 //! executions so far; the figures go to BENCHMARKS.md. Nothing asserts a
 //! size or a time.
@@ -115,6 +116,10 @@ fn main() {
             shutdown_marker_file: dir.path().join("marker.json"),
             worker_count: 10,
             master_grace_period: Duration::ZERO,
+            // 1,000 jobs a minute through 10 single-job workers: the
+            // default 10 s cooldown would allow one job a second.
+            worker_cooldown: Duration::ZERO,
+            worker_stagger: Duration::ZERO,
             ..Config::default()
         };
         let started = Instant::now();

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::rules::{YEARLY, insert_rule, step};
-use common::service::{RunningService, start_service_with_options};
+use common::service::{RunningService, restarts, start_service_with_options, without_delays};
 use common::{eventually, sqlite_db};
 use ruled::actions::{
     ActionCall, ActionFuture, ActionHandler, ActionOutput, ActionRegistry, ActionSettings,
@@ -52,11 +52,8 @@ async fn start(db_url: &str, workers: usize) -> RunningService {
     start_service_with_options(
         db_url,
         |config| Config {
-            master_grace_period: Duration::ZERO,
-            worker_stagger: Duration::ZERO,
-            worker_cooldown: Duration::ZERO,
             worker_count: workers,
-            ..config
+            ..without_delays(config)
         },
         ServiceOptions::new().registry(registry),
     )
@@ -65,14 +62,6 @@ async fn start(db_url: &str, workers: usize) -> RunningService {
 
 fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
-}
-
-async fn restarts(service: &Service, kind: ActorKind) -> u64 {
-    service
-        .supervisor_stats()
-        .await
-        .map(|s| s.restarts[kind.as_str()])
-        .unwrap_or(0)
 }
 
 async fn executions(service: &Service, id: Uuid) -> Vec<Execution> {

@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use common::rules::{Step, YEARLY, insert_rule, step};
-use common::service::{RunningService, start_service_with};
+use common::service::{RunningService, start_service_with, without_delays};
 use common::{TestDb, eventually};
 use ruled::actors::ask;
 use ruled::config::Config;
@@ -27,11 +27,8 @@ fn now_ms() -> Millis {
 /// Engine settings for tests: no grace period, no cooldown, no stagger.
 fn fast(config: Config) -> Config {
     Config {
-        master_grace_period: Duration::ZERO,
-        worker_cooldown: Duration::ZERO,
-        worker_stagger: Duration::ZERO,
         worker_count: 10,
-        ..config
+        ..without_delays(config)
     }
 }
 

@@ -10,7 +10,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::rules::{YEARLY, insert_rule, step};
-use common::service::{RunningService, ready_ids, start_service, start_service_with_options};
+use common::service::{
+    RunningService, ready_ids, restarts, start_service, start_service_with_options,
+};
 use common::{TestDb, eventually, sqlite_db};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use ruled::actions::{ActionRegistry, ActionSettings};
@@ -235,14 +237,6 @@ both_backends!(
         running.service.shutdown("test").await.unwrap();
     }
 );
-
-async fn restarts(service: &Service, kind: ActorKind) -> u64 {
-    service
-        .supervisor_stats()
-        .await
-        .map(|s| s.restarts[kind.as_str()])
-        .unwrap_or(0)
-}
 
 /// The guard pushes only changes, so a master restarted during a throttle
 /// must ask for the state itself.

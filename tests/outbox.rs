@@ -7,10 +7,9 @@ mod common;
 use std::time::Duration;
 
 use common::rules::{YEARLY, insert_rule, step};
-use common::service::start_service_with;
+use common::service::{start_service_with, without_delays};
 use common::{TestDb, eventually};
 use ruled::actors::ask;
-use ruled::config::Config;
 use ruled::messages::PlanMsg;
 use ruled::model::ExecutionStatus;
 use serde_json::json;
@@ -21,13 +20,7 @@ both_backends!(
     a_post_process_during_an_outage_lands_later_exactly_once,
     tokio::test(flavor = "multi_thread", worker_threads = 2),
     |db: TestDb| async move {
-        let running = start_service_with(&db.url, |c| Config {
-            master_grace_period: Duration::ZERO,
-            worker_stagger: Duration::ZERO,
-            worker_cooldown: Duration::ZERO,
-            ..c
-        })
-        .await;
+        let running = start_service_with(&db.url, without_delays).await;
         let service = &running.service;
         let store = service.store();
         let id = insert_rule(

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::rules::{YEARLY, insert_rule, step};
 use common::service::{
-    DEADLINE, ready_ids, start_service, start_service_with, start_service_with_options,
+    DEADLINE, ready_ids, restarts, start_service, start_service_with, start_service_with_options,
 };
 use common::{eventually, sqlite_db};
 use ruled::actors::ask;
@@ -35,14 +35,6 @@ async fn insert_due_rule(service: &Service) -> Uuid {
         .find(|r| r.operation_time_from.is_none())
         .unwrap();
     row.id
-}
-
-async fn restarts(service: &Service, kind: ActorKind) -> u64 {
-    service
-        .supervisor_stats()
-        .await
-        .map(|s| s.restarts[kind.as_str()])
-        .unwrap_or(0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -16,7 +16,7 @@ use uuid::Uuid;
 
 use crate::actions::ActionRegistry;
 use crate::actors::worker::{WorkerActor, WorkerArgs, next_run_after};
-use crate::actors::{ask, ask_within};
+use crate::actors::{Recorded, ask, ask_within, record_finish};
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::messages::master::{CancelOutcome, DrainReport, ForceStopOutcome, JobReport};
@@ -25,7 +25,6 @@ use crate::messages::{MasterMsg, MemoryGuardMsg, PlanMsg, RefresherMsg, WorkerMs
 use crate::metrics as m;
 use crate::model::{ExecutionStatus, Millis};
 use crate::plan::JobSpec;
-use crate::plan::OutboxEntry;
 use crate::queue::{DedupReason, JobQueue};
 use crate::store::{Claim, ClaimRequest, Fence, Finish, Store, Transition, TransitionBatcher};
 use crate::supervision::Directory;
@@ -604,26 +603,11 @@ impl MasterState {
     }
 
     async fn write_finish(&mut self, job: &Job, finish: Finish) {
-        let plan = self.args.directory.plan();
-        match self.args.batcher.finish(&job.fence, &finish).await {
-            Ok(Some(row)) => {
-                if let Some(plan) = plan {
-                    let _ = plan.cast(PlanMsg::PostProcessed(row));
-                }
-            }
-            Ok(None) => {}
-            Err(e) => {
-                metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "finish").increment(1);
-                warn!(branch_rule_id = %job.branch_rule_id(), "Terminal write kept in the outbox: {e}");
-                if let Some(plan) = plan {
-                    let entry = OutboxEntry {
-                        fence: job.fence.clone(),
-                        finish,
-                        added_at: self.args.clock.now_ms(),
-                    };
-                    let _ = plan.cast(PlanMsg::AddOutbox(Box::new(entry)));
-                }
-            }
+        let args = &self.args;
+        let now = args.clock.now_ms();
+        let recorded = record_finish(&args.batcher, &args.directory, &job.fence, finish, now).await;
+        if let Recorded::InOutbox(e) = recorded {
+            warn!(branch_rule_id = %job.branch_rule_id(), "Terminal write kept in the outbox: {e}");
         }
     }
 

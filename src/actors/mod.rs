@@ -14,6 +14,13 @@ use std::time::Duration;
 use ractor::rpc::CallResult;
 use ractor::{ActorRef, Message, RpcReplyPort};
 
+use crate::messages::PlanMsg;
+use crate::metrics as m;
+use crate::model::Millis;
+use crate::plan::OutboxEntry;
+use crate::store::{BatchError, Fence, Finish, TransitionBatcher};
+use crate::supervision::Directory;
+
 /// How long one actor waits for another's reply before giving up. Generous,
 /// because a merge of a million workflows takes a while, yet bounded so a
 /// wedged actor is noticed rather than waited on forever.
@@ -47,5 +54,58 @@ pub async fn ask_within<M: Message, T: Send + 'static>(
         Ok(CallResult::Timeout) => Err(AskError::Timeout(timeout)),
         Ok(CallResult::SenderError) => Err(AskError::Dropped),
         Err(_) => Err(AskError::NotRunning),
+    }
+}
+
+/// How a job's terminal write went.
+#[derive(Debug)]
+pub(crate) enum Recorded {
+    Landed,
+    /// The fence no longer matched: the claim is someone else's now.
+    TakenOver,
+    /// The database could not take it; it waits in the plan's outbox.
+    InOutbox(BatchError),
+}
+
+/// A job's terminal write, through the group commit; the branch rule's new
+/// row goes back to the plan. If the database cannot take it, the write
+/// waits in the plan's outbox (saved with the plan, retried until it lands)
+/// and the plan computes the next run itself, so nothing is lost.
+pub(crate) async fn record_finish(
+    batcher: &TransitionBatcher,
+    directory: &Directory,
+    fence: &Fence,
+    finish: Finish,
+    now: Millis,
+) -> Recorded {
+    let plan = directory.plan();
+    match batcher.finish(fence, &finish).await {
+        Ok(Some(row)) => {
+            if let Some(plan) = plan {
+                let _ = plan.cast(PlanMsg::PostProcessed(row));
+            }
+            Recorded::Landed
+        }
+        Ok(None) => Recorded::TakenOver,
+        Err(error) => {
+            metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "finish").increment(1);
+            if let Some(plan) = plan {
+                let advances = finish.next_run_time.is_some();
+                let entry = OutboxEntry {
+                    fence: fence.clone(),
+                    finish,
+                    added_at: now,
+                };
+                let _ = plan.cast(PlanMsg::AddOutbox(Box::new(entry)));
+                if advances {
+                    let _ = plan.cast(PlanMsg::ComputeNextRunLocally {
+                        id: fence.branch_rule_id,
+                        after: now,
+                        reply: None,
+                    });
+                }
+            }
+            Recorded::InOutbox(error)
+        }
     }
 }

@@ -12,15 +12,15 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use crate::actions::{ActionCall, ActionError, ActionRegistry};
+use crate::actors::{Recorded, record_finish};
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::messages::master::JobReport;
 use crate::messages::worker::{CancelReason, Job, JobOutcome};
-use crate::messages::{MasterMsg, PlanMsg, WorkerMsg};
+use crate::messages::{MasterMsg, WorkerMsg};
 use crate::metrics as m;
 use crate::model::{ExecutionStatus, Millis};
 use crate::plan::JobStep;
-use crate::plan::OutboxEntry;
 use crate::store::{Finish, PendingTransition, Store, Transition, TransitionBatcher};
 use crate::supervision::Directory;
 use uuid::Uuid;
@@ -335,26 +335,11 @@ impl WorkerState {
                 },
                 advance_last_run: false,
             };
-            let plan = self.args.directory.plan();
-            match self.args.batcher.finish(&job.fence, &finish).await {
-                Ok(Some(row)) => {
-                    if let Some(plan) = plan {
-                        let _ = plan.cast(PlanMsg::PostProcessed(row));
-                    }
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "finish").increment(1);
-                    warn!(%branch_rule_id, %execution_id, "Cancellation kept in the outbox: {e}");
-                    if let Some(plan) = plan {
-                        let entry = OutboxEntry {
-                            fence: job.fence.clone(),
-                            finish,
-                            added_at: now,
-                        };
-                        let _ = plan.cast(PlanMsg::AddOutbox(Box::new(entry)));
-                    }
-                }
+            let args = &self.args;
+            let recorded =
+                record_finish(&args.batcher, &args.directory, &job.fence, finish, now).await;
+            if let Recorded::InOutbox(e) = recorded {
+                warn!(%branch_rule_id, %execution_id, "Cancellation kept in the outbox: {e}");
             }
             metrics::counter!(m::JOBS_TOTAL, "outcome" => "cancelled").increment(1);
         }
@@ -420,31 +405,13 @@ impl WorkerState {
             self.report(&job, outcome.status);
             return;
         }
-        match args.batcher.finish(&job.fence, &finish).await {
-            Ok(Some(row)) => {
-                if let Some(plan) = args.directory.plan() {
-                    let _ = plan.cast(PlanMsg::PostProcessed(row));
-                }
-            }
-            Ok(None) => {
+        match record_finish(&args.batcher, &args.directory, &job.fence, finish, now).await {
+            Recorded::Landed => {}
+            Recorded::TakenOver => {
                 warn!(%branch_rule_id, %execution_id, "Result not recorded: the claim was taken over");
             }
-            Err(e) => {
-                metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "finish").increment(1);
+            Recorded::InOutbox(e) => {
                 warn!(%branch_rule_id, %execution_id, "Post-process failed, keeping it in the outbox: {e}");
-                if let Some(plan) = args.directory.plan() {
-                    let entry = OutboxEntry {
-                        fence: job.fence.clone(),
-                        finish,
-                        added_at: now,
-                    };
-                    let _ = plan.cast(PlanMsg::AddOutbox(Box::new(entry)));
-                    let _ = plan.cast(PlanMsg::ComputeNextRunLocally {
-                        id: branch_rule_id,
-                        after: now,
-                        reply: None,
-                    });
-                }
             }
         }
         metrics::counter!(m::JOBS_TOTAL, "outcome" => outcome.status.as_str()).increment(1);

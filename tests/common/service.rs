@@ -73,6 +73,25 @@ pub async fn start_service_with_options(
     RunningService { service, dir }
 }
 
+/// How many times the supervisor restarted `kind` (0 while it cannot tell).
+pub async fn restarts(service: &Service, kind: ruled::supervision::ActorKind) -> u64 {
+    service
+        .supervisor_stats()
+        .await
+        .map(|s| s.restarts[kind.as_str()])
+        .unwrap_or(0)
+}
+
+/// No grace period, stagger or cooldown: due rules start at once.
+pub fn without_delays(config: Config) -> Config {
+    Config {
+        master_grace_period: Duration::ZERO,
+        worker_stagger: Duration::ZERO,
+        worker_cooldown: Duration::ZERO,
+        ..config
+    }
+}
+
 /// The plan's ready set, or nothing while the plan actor is restarting.
 pub async fn ready_ids(service: &Service) -> Vec<Uuid> {
     match service.directory().plan() {
