@@ -4,10 +4,10 @@
 //! file database for RULED_SOAK_MINUTES (default 30): 1,000 rules due every
 //! minute, each job allocating and touching RULED_SOAK_ALLOC_KIB (default
 //! 4096) of memory and freeing it, single-job mode, WORKER_COUNT 10 with
-//! no cooldown. Every
-//! five minutes, and at the end, it prints the process RSS and the
-//! executions so far; the figures go to BENCHMARKS.md. Nothing asserts a
-//! size or a time.
+//! no cooldown. Every five minutes, and at the end, once that minute's
+//! round has finished (so no job's buffer is live), it prints the process
+//! RSS and the executions so far; the figures go to BENCHMARKS.md. Nothing
+//! asserts a size or a time.
 
 mod common;
 
@@ -135,17 +135,41 @@ fn main() {
         );
         println!("| at | minutes | RSS MiB | completed | failed | executions |");
         println!("|---|---:|---:|---:|---:|---:|");
-        // The first report after the first full round, once start-up
-        // allocations are done.
-        tokio::time::sleep(Duration::from_secs(90)).await;
-        report(&store, started, "start").await;
-        let end = started + Duration::from_secs(minutes * 60);
-        while Instant::now() + Duration::from_secs(300) < end {
-            tokio::time::sleep(Duration::from_secs(300)).await;
-            report(&store, started, "…").await;
+        // Rounds are due at each minute from `first`; a round is finished
+        // when every occurrence due so far is terminal.
+        let rounds_due = || {
+            let now = chrono::Utc::now().timestamp_millis();
+            if now < first { 0 } else { (now - first) / 60_000 + 1 }
+        };
+        let finished = |rounds: i64| {
+            let store = store.clone();
+            async move {
+                let done: i64 = store
+                    .count_executions_by_status()
+                    .await
+                    .unwrap()
+                    .iter()
+                    .filter(|(status, _)| status.is_terminal())
+                    .map(|(_, n)| n)
+                    .sum();
+                done >= rounds * RULES as i64
+            }
+        };
+        let mut next_report = 1;
+        let mut label = "start";
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let rounds = rounds_due();
+            let over = started.elapsed() >= Duration::from_secs(minutes * 60);
+            if (rounds >= next_report || over) && finished(rounds).await {
+                report(&store, started, if over { "end" } else { label }).await;
+                if over {
+                    break;
+                }
+                label = "…";
+                next_report = rounds + 5;
+            }
         }
-        tokio::time::sleep(end.saturating_duration_since(Instant::now())).await;
-        report(&store, started, "end").await;
         service.shutdown("soak").await.unwrap();
     });
 }
