@@ -6,8 +6,14 @@
 //! like any other part of the system, so the API cannot bypass the single
 //! writers of plan and job state.
 
+mod catalog;
+mod engine;
+pub mod error;
+mod extract;
 mod health;
 mod metrics;
+pub mod present;
+pub mod routes;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -87,13 +93,31 @@ impl ApiState {
     }
 }
 
-/// Every route of the service.
+/// Every route of the service: `/api/v1` from [`routes::table`] behind
+/// the token check, probes and metrics outside it and open.
 pub fn router(state: ApiState) -> Router {
+    let mut api: Router<ApiState> = Router::new();
+    for route in routes::table() {
+        api = api.route(route.path, route.handler);
+    }
+    let api = api
+        .fallback(no_route)
+        .method_not_allowed_fallback(no_route)
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            extract::require_token,
+        ));
     Router::new()
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(metrics::metrics))
+        .nest(routes::PREFIX, api)
+        .fallback(no_route)
         .with_state(state)
+}
+
+async fn no_route(method: axum::http::Method, uri: axum::http::Uri) -> error::ApiError {
+    error::ApiError::NoRoute(format!("{method} {}", uri.path()))
 }
 
 /// A running HTTP server; [`HttpServer::stop`] ends it gracefully.
