@@ -805,3 +805,65 @@ async fn openapi_lists_exactly_the_routes_served() {
     assert_eq!(api.delete("/api/v1/plan").await.error_code(), "no_route");
     running.service.shutdown("test").await.unwrap();
 }
+
+both_backends!(
+    a_change_reaches_the_plan_within_a_second,
+    tokio::test(flavor = "multi_thread", worker_threads = 2),
+    |db: TestDb| async move {
+        // The periodic refresh and the master are far off: only the API's
+        // nudge can bring the new rule into the plan this fast.
+        let (running, api) = start(&db, |c| Config {
+            plan_refresh_interval: Duration::from_secs(600),
+            master_grace_period: Duration::from_secs(600),
+            ..c
+        })
+        .await;
+        eventually(DEADLINE, "the first refresh", || async {
+            api.get("/readyz").await.status == StatusCode::OK
+        })
+        .await;
+        let (br, _) = create_rule(
+            &api,
+            "UTC",
+            "0 0 1 1 *",
+            "noop",
+            json!({}),
+            json!({
+                "next_run_time": chrono::Utc::now().to_rfc3339()
+            }),
+        )
+        .await;
+        eventually(
+            Duration::from_secs(1),
+            "the new rule is ready in the plan",
+            || async {
+                api.get("/api/v1/plan/ready").await.json["ready"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|id| id == br.as_str())
+            },
+        )
+        .await;
+        let due = api.get("/api/v1/branch-rules/due").await;
+        assert_eq!(due.json[0]["id"], br.as_str(), "{}", due.text);
+        // Deactivated through the API, it leaves the ready set as fast.
+        api.put(
+            &format!("/api/v1/branch-rules/{br}/status"),
+            &json!({ "is_active": false }),
+        )
+        .await;
+        eventually(
+            Duration::from_secs(1),
+            "the rule leaves the ready set",
+            || async {
+                api.get("/api/v1/plan/ready").await.json["ready"]
+                    .as_array()
+                    .unwrap()
+                    .is_empty()
+            },
+        )
+        .await;
+        running.service.shutdown("test").await.unwrap();
+    }
+);

@@ -378,7 +378,7 @@ impl MasterState {
             } else {
                 // The worker died between being idle and the handoff; its
                 // supervision event brings a fresh one.
-                warn!(branch_rule_id = %job.branch_rule_id(), "Worker gone at the handoff; the job is released");
+                warn!(branch_rule_id = %job.branch_rule_id(), execution_id = %job.execution_id(), "Worker gone at the handoff; the job is released");
                 self.queue.finish(job.branch_rule_id(), now);
                 self.release(&job, "worker gone at the handoff").await;
             }
@@ -545,7 +545,7 @@ impl MasterState {
             Ok(None) => {}
             Err(e) => {
                 metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "finish").increment(1);
-                warn!(branch_rule_id = %job.branch_rule_id(), "Terminal write kept in the outbox: {e}");
+                warn!(branch_rule_id = %job.branch_rule_id(), execution_id = %job.execution_id(), "Terminal write kept in the outbox: {e}");
                 if let Some(plan) = plan {
                     let entry = OutboxEntry {
                         fence: job.fence.clone(),
