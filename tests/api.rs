@@ -325,7 +325,7 @@ both_backends!(
 );
 
 both_backends!(
-    every_bad_field_is_a_400_naming_it,
+    refused_requests_save_nothing,
     tokio::test(flavor = "multi_thread", worker_threads = 2),
     |db: TestDb| async move {
         let (running, api) = start(&db, |c| c).await;
