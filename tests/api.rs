@@ -867,3 +867,75 @@ both_backends!(
         running.service.shutdown("test").await.unwrap();
     }
 );
+
+both_backends!(
+    preview_honours_zone_window_and_dst,
+    tokio::test(flavor = "multi_thread", worker_threads = 2),
+    |db: TestDb| async move {
+        let (running, api) = start(&db, |c| Config {
+            master_grace_period: Duration::from_secs(600),
+            ..c
+        })
+        .await;
+        // 02:30 does not exist in Berlin on 2026-03-29 (spring forward at 02:00):
+        // it fires once, at the first valid instant after the gap.
+        let (gap, _) = create_rule(
+            &api,
+            "Europe/Berlin",
+            "30 2 * * *",
+            "noop",
+            json!({}),
+            json!({}),
+        )
+        .await;
+        let reply = api
+            .get(&format!(
+                "/api/v1/branch-rules/{gap}/preview?count=3&from=2026-03-27T12:00:00Z"
+            ))
+            .await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+        let local: Vec<&str> = reply.json["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["local"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            local,
+            [
+                "2026-03-28T02:30:00+01:00",
+                "2026-03-29T03:00:00+02:00",
+                "2026-03-30T02:30:00+02:00"
+            ]
+        );
+        assert_eq!(reply.json["timezone"], "Europe/Berlin");
+
+        // An occurrence before the window opens runs at the opening, in the
+        // branch's zone (Riyadh, UTC+3).
+        let (windowed, _) = create_rule(
+            &api,
+            "Asia/Riyadh",
+            "0 1 * * *",
+            "noop",
+            json!({}),
+            json!({
+                "operation_time_from": "03:00", "operation_time_to": "05:00"
+            }),
+        )
+        .await;
+        let reply = api
+            .get(&format!(
+                "/api/v1/branch-rules/{windowed}/preview?count=2&from=2026-06-01T00:00:00Z"
+            ))
+            .await;
+        let runs = reply.json["runs"].as_array().unwrap();
+        assert_eq!(
+            runs[0]["local"], "2026-06-02T03:00:00+03:00",
+            "{}",
+            reply.text
+        );
+        assert_eq!(runs[0]["utc"], "2026-06-02T00:00:00+00:00");
+        assert_eq!(runs.len(), 2);
+        running.service.shutdown("test").await.unwrap();
+    }
+);

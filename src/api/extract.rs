@@ -7,6 +7,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use http_body_util::BodyExt;
 use serde::de::DeserializeOwned;
+use tracing::info;
 
 use super::ApiState;
 use super::error::ApiError;
@@ -77,11 +78,17 @@ pub async fn require_token(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or("");
-    if constant_time_eq(given.as_bytes(), expected.as_bytes()) {
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let response = if constant_time_eq(given.as_bytes(), expected.as_bytes()) {
         next.run(req).await
     } else {
         ApiError::Unauthorized.into_response()
-    }
+    };
+    // An audit trail of changes; bodies stay out of the log, since they
+    // may carry secrets in action params.
+    info!(%method, %path, status = response.status().as_u16(), "🔧 API change");
+    response
 }
 
 /// Compares without an early exit, so the time taken says nothing about
