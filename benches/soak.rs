@@ -114,6 +114,7 @@ fn main() {
             database_url: url.clone(),
             plan_file: dir.path().join("plan.json"),
             shutdown_marker_file: dir.path().join("marker.json"),
+            http_addr: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
             worker_count: 10,
             master_grace_period: Duration::ZERO,
             // 1,000 jobs a minute through 10 single-job workers: the

@@ -446,7 +446,7 @@ impl MasterState {
             } else {
                 // The worker died between being idle and the handoff; its
                 // supervision event brings a fresh one.
-                warn!(branch_rule_id = %job.branch_rule_id(), "Worker gone at the handoff; the job is released");
+                warn!(branch_rule_id = %job.branch_rule_id(), execution_id = %job.execution_id(), "Worker gone at the handoff; the job is released");
                 self.queue.finish(job.branch_rule_id(), now);
                 self.release(&job, "worker gone at the handoff").await;
             }
@@ -607,7 +607,7 @@ impl MasterState {
         let now = args.clock.now_ms();
         let recorded = record_finish(&args.batcher, &args.directory, &job.fence, finish, now).await;
         if let Recorded::InOutbox(e) = recorded {
-            warn!(branch_rule_id = %job.branch_rule_id(), "Terminal write kept in the outbox: {e}");
+            warn!(branch_rule_id = %job.branch_rule_id(), execution_id = %job.execution_id(), "Terminal write kept in the outbox: {e}");
         }
     }
 

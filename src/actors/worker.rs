@@ -184,13 +184,13 @@ impl WorkerState {
         match scheduled.applied().await {
             Ok(confirmed) => {
                 if !confirmed {
-                    warn!(branch_rule_id = %job.branch_rule_id(), "Claim lost before the handoff");
+                    warn!(branch_rule_id = %job.branch_rule_id(), execution_id = %job.execution_id(), "Claim lost before the handoff");
                 }
                 confirmed
             }
             Err(e) => {
                 metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "mark_scheduled").increment(1);
-                warn!(branch_rule_id = %job.branch_rule_id(), "Scheduled state not recorded: {e}");
+                warn!(branch_rule_id = %job.branch_rule_id(), execution_id = %job.execution_id(), "Scheduled state not recorded: {e}");
                 true
             }
         }
@@ -305,7 +305,11 @@ impl WorkerState {
             Ok(false) => self.drop_held(myself, CancelReason::LockLost).await,
             Err(e) => {
                 metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "renew_lock").increment(1);
-                warn!("Lock renewal failed: {e}");
+                warn!(
+                    branch_rule_id = %held.job.branch_rule_id(),
+                    execution_id = %held.job.execution_id(),
+                    "Lock renewal failed: {e}"
+                );
             }
         }
     }
@@ -366,7 +370,11 @@ impl WorkerState {
                 // The lock stays ours until it times out; keep running and
                 // try again at the next renewal.
                 metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "renew_lock").increment(1);
-                warn!("Lock renewal failed: {e}");
+                warn!(
+                    branch_rule_id = %current.job.branch_rule_id(),
+                    execution_id = %current.job.execution_id(),
+                    "Lock renewal failed: {e}"
+                );
             }
         }
     }

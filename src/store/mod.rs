@@ -81,6 +81,7 @@ mod executions;
 mod grouped;
 mod instances;
 mod plan_data;
+pub mod rows;
 mod workflows;
 
 pub use batch::{

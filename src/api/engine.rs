@@ -1,0 +1,386 @@
+//! Routes that act through the engine's actors: run now, force stop,
+//! cancel, the plan and the statistics.
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+use uuid::Uuid;
+
+use super::ApiState;
+use super::catalog::{nudge, present_branch_rule};
+use super::error::{ApiError, ApiResult};
+use super::extract::ApiJson;
+use super::present::{parse_time, present, rfc3339};
+use crate::actors::ask;
+use crate::messages::master::CancelOutcome;
+use crate::messages::{MasterMsg, PlanMsg, WriterMsg};
+use crate::model::ExecutionStatus;
+use crate::schedule::{CronSchedule, Window, parse_timezone, preview};
+use crate::store::ExecutionFilter;
+use crate::store::rows::{BRANCH_RULES, BRANCHES, BRAND_RULES, RULES};
+
+fn parse_id(what: &'static str, text: &str) -> ApiResult<Uuid> {
+    Uuid::parse_str(text).map_err(|_| ApiError::not_found(what, text))
+}
+
+async fn branch_rule(s: &ApiState, id: &str) -> ApiResult<(Uuid, Map<String, Value>)> {
+    let uuid = parse_id("branch rule", id)?;
+    let row = s
+        .store()
+        .row(&BRANCH_RULES, uuid)
+        .await?
+        .ok_or_else(|| ApiError::not_found("branch rule", id))?;
+    Ok((uuid, row))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StatusInput {
+    is_active: bool,
+}
+
+pub async fn set_status(
+    State(s): State<ApiState>,
+    Path(id): Path<String>,
+    ApiJson(input): ApiJson<StatusInput>,
+) -> ApiResult<Json<Value>> {
+    let (uuid, _) = branch_rule(&s, &id).await?;
+    let mut changes = Map::new();
+    changes.insert("is_active".into(), Value::Bool(input.is_active));
+    changes.insert("updated_at".into(), s.clock().now_ms().into());
+    s.store().update_row(&BRANCH_RULES, uuid, &changes).await?;
+    nudge(&s);
+    let (_, row) = branch_rule(&s, &id).await?;
+    Ok(Json(present_branch_rule(&s, row).await?))
+}
+
+/// Run now: the rule becomes due at once and goes through the same claim,
+/// queue and worker as a scheduled run, so every rule of the engine (one
+/// run at a time, dedup, window, throttling) still holds.
+pub async fn run_now(
+    State(s): State<ApiState>,
+    Path(id): Path<String>,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    let (uuid, _) = branch_rule(&s, &id).await?;
+    let now = s.clock().now_ms();
+    let mut changes = Map::new();
+    changes.insert("next_run_time".into(), now.into());
+    changes.insert("updated_at".into(), now.into());
+    s.store().update_row(&BRANCH_RULES, uuid, &changes).await?;
+    nudge(&s);
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({ "id": uuid, "next_run_time": rfc3339(now) })),
+    ))
+}
+
+pub async fn force_stop(
+    State(s): State<ApiState>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let (uuid, _) = branch_rule(&s, &id).await?;
+    let master = s
+        .directory()
+        .master()
+        .ok_or_else(|| ApiError::Unavailable("the master is restarting; try again".into()))?;
+    let outcome = ask(&master, |reply| MasterMsg::ForceStop {
+        branch_rule_id: uuid,
+        reply,
+    })
+    .await?
+    .map_err(ApiError::Unavailable)?;
+    nudge(&s);
+    Ok(Json(json!({
+        "id": uuid,
+        "is_force_stopped": outcome.flag_set,
+        "cancel": outcome.cancel,
+    })))
+}
+
+/// The branch rules ready to run now, as the plan sees them.
+pub async fn due(State(s): State<ApiState>) -> ApiResult<Json<Value>> {
+    let plan = s
+        .directory()
+        .plan()
+        .ok_or_else(|| ApiError::Unavailable("the plan is restarting; try again".into()))?;
+    let ids = ask(&plan, PlanMsg::Ready).await?;
+    let mut out = Vec::new();
+    for id in ids {
+        if let Some(row) = s.store().row(&BRANCH_RULES, id).await? {
+            out.push(present_branch_rule(&s, row).await?);
+        }
+    }
+    Ok(Json(Value::Array(out)))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PreviewQuery {
+    count: Option<usize>,
+    from: Option<String>,
+}
+
+const PREVIEW_MAX: usize = 1000;
+
+/// The next runs as the service would make them: the cron expression in
+/// the branch's zone, each occurrence outside the window deferred to its
+/// opening, DST handled by the schedule module.
+pub async fn preview_runs(
+    State(s): State<ApiState>,
+    Path(id): Path<String>,
+    Query(query): Query<PreviewQuery>,
+) -> ApiResult<Json<Value>> {
+    let (_, row) = branch_rule(&s, &id).await?;
+    let count = query.count.unwrap_or(10);
+    if count == 0 || count > PREVIEW_MAX {
+        return Err(ApiError::field(
+            "count",
+            format!("must be 1 to {PREVIEW_MAX}"),
+        ));
+    }
+    let from = match &query.from {
+        Some(text) => parse_time("from", text)?,
+        None => s.clock().now_ms(),
+    };
+    let text_id = |key: &str| {
+        row.get(key)
+            .and_then(Value::as_str)
+            .and_then(|v| Uuid::parse_str(v).ok())
+    };
+    let mut expression = None;
+    if let Some(brand_rule) = text_id("brand_rule_id") {
+        expression = s
+            .store()
+            .row(&BRAND_RULES, brand_rule)
+            .await?
+            .and_then(|r| r["cron_expression"].as_str().map(String::from));
+    }
+    if expression.is_none()
+        && let Some(rule) = text_id("rule_id")
+    {
+        expression = s
+            .store()
+            .row(&RULES, rule)
+            .await?
+            .and_then(|r| r["cron_expression"].as_str().map(String::from));
+    }
+    let expression =
+        expression.ok_or_else(|| ApiError::Conflict("the branch rule has no rule".into()))?;
+    let zone = match text_id("branch_id") {
+        Some(branch) => match s
+            .store()
+            .row(&BRANCHES, branch)
+            .await?
+            .and_then(|b| b["timezone"].as_str().map(String::from))
+        {
+            Some(name) => parse_timezone(&name).map_err(|e| ApiError::Conflict(e.to_string()))?,
+            None => s.config().default_timezone,
+        },
+        None => s.config().default_timezone,
+    };
+    let bound = |key: &str| -> ApiResult<_> {
+        row.get(key)
+            .and_then(Value::as_str)
+            .map(|t| {
+                t.parse()
+                    .map_err(|_| ApiError::Conflict(format!("stored {key} {t:?} is not HH:MM")))
+            })
+            .transpose()
+    };
+    let window = Window::from_bounds(bound("operation_time_from")?, bound("operation_time_to")?);
+    let schedule =
+        CronSchedule::parse(&expression).map_err(|e| ApiError::Conflict(e.to_string()))?;
+    let from = chrono::DateTime::from_timestamp_millis(from)
+        .ok_or_else(|| ApiError::field("from", "out of range"))?;
+    let runs = preview(&schedule, zone, window, from, count)
+        .map_err(|e| ApiError::Conflict(e.to_string()))?;
+    Ok(Json(json!({
+        "cron_expression": expression,
+        "timezone": zone.name(),
+        "operation_time_from": row.get("operation_time_from"),
+        "operation_time_to": row.get("operation_time_to"),
+        "runs": runs.iter().map(|t| json!({
+            "utc": t.to_rfc3339(),
+            "local": t.with_timezone(&zone).to_rfc3339(),
+        })).collect::<Vec<_>>(),
+    })))
+}
+
+// ---- executions ------------------------------------------------------------
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecutionQuery {
+    branch_rule_id: Option<String>,
+    status: Option<String>,
+    from: Option<String>,
+    to: Option<String>,
+    limit: Option<i64>,
+    cursor: Option<String>,
+}
+
+const DEFAULT_LIMIT: i64 = 100;
+const MAX_LIMIT: i64 = 1000;
+
+fn encode_cursor((at, id): (i64, Uuid)) -> String {
+    format!("{at}_{id}")
+}
+
+fn decode_cursor(text: &str) -> ApiResult<(i64, Uuid)> {
+    let bad = || ApiError::field("cursor", "is not a cursor this API returned");
+    let (at, id) = text.split_once('_').ok_or_else(bad)?;
+    Ok((
+        at.parse().map_err(|_| bad())?,
+        Uuid::parse_str(id).map_err(|_| bad())?,
+    ))
+}
+
+fn present_execution(execution: &crate::model::Execution) -> Value {
+    match serde_json::to_value(execution) {
+        Ok(Value::Object(map)) => present(map),
+        _ => Value::Null,
+    }
+}
+
+pub async fn list_executions(
+    State(s): State<ApiState>,
+    Query(q): Query<ExecutionQuery>,
+) -> ApiResult<Json<Value>> {
+    let branch_rule_id = q
+        .branch_rule_id
+        .as_deref()
+        .map(|t| {
+            Uuid::parse_str(t)
+                .map_err(|_| ApiError::field("branch_rule_id", format!("{t:?} is not a UUID")))
+        })
+        .transpose()?;
+    let status = q
+        .status
+        .as_deref()
+        .map(|t| {
+            ExecutionStatus::parse(t)
+                .ok_or_else(|| ApiError::field("status", format!("unknown status {t:?}")))
+        })
+        .transpose()?;
+    let limit = q.limit.unwrap_or(DEFAULT_LIMIT);
+    if !(1..=MAX_LIMIT).contains(&limit) {
+        return Err(ApiError::field(
+            "limit",
+            format!("must be 1 to {MAX_LIMIT}"),
+        ));
+    }
+    let filter = ExecutionFilter {
+        branch_rule_id,
+        status,
+        from: q
+            .from
+            .as_deref()
+            .map(|t| parse_time("from", t))
+            .transpose()?,
+        to: q.to.as_deref().map(|t| parse_time("to", t)).transpose()?,
+        limit,
+        after: q.cursor.as_deref().map(decode_cursor).transpose()?,
+    };
+    let page = s.store().list_executions(&filter).await?;
+    Ok(Json(json!({
+        "items": page.iter().map(present_execution).collect::<Vec<_>>(),
+        "next_cursor": filter.next_cursor(&page).map(encode_cursor),
+    })))
+}
+
+pub async fn get_execution(
+    State(s): State<ApiState>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let uuid = parse_id("execution", &id)?;
+    let execution = s
+        .store()
+        .execution(uuid)
+        .await?
+        .ok_or_else(|| ApiError::not_found("execution", &id))?;
+    Ok(Json(present_execution(&execution)))
+}
+
+/// Cancels through the master: before the handoff it records Cancelled
+/// itself; after it, the worker that owns the job does (seed 002).
+pub async fn cancel_execution(
+    State(s): State<ApiState>,
+    Path(id): Path<String>,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    let uuid = parse_id("execution", &id)?;
+    let execution = s
+        .store()
+        .execution(uuid)
+        .await?
+        .ok_or_else(|| ApiError::not_found("execution", &id))?;
+    if execution.status.is_terminal() {
+        return Err(ApiError::Conflict(format!(
+            "execution {id} already ended: {}",
+            execution.status.as_str()
+        )));
+    }
+    let master = s
+        .directory()
+        .master()
+        .ok_or_else(|| ApiError::Unavailable("the master is restarting; try again".into()))?;
+    let outcome = ask(&master, |reply| MasterMsg::Cancel {
+        execution_id: uuid,
+        reply,
+    })
+    .await?;
+    if outcome == CancelOutcome::NotInFlight {
+        return Err(ApiError::Conflict(format!(
+            "execution {id} is not in flight on this instance"
+        )));
+    }
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({ "id": uuid, "outcome": outcome })),
+    ))
+}
+
+// ---- plan and statistics ---------------------------------------------------
+
+pub async fn plan(State(s): State<ApiState>) -> ApiResult<Json<Value>> {
+    let actor = s
+        .directory()
+        .plan()
+        .ok_or_else(|| ApiError::Unavailable("the plan is restarting; try again".into()))?;
+    let snapshot = ask(&actor, PlanMsg::Snapshot).await?;
+    let mut value = serde_json::to_value(&snapshot).unwrap_or(Value::Null);
+    // Action params live in the snapshot too.
+    value = super::present::redact(&value);
+    Ok(Json(value))
+}
+
+pub async fn plan_ready(State(s): State<ApiState>) -> ApiResult<Json<Value>> {
+    let actor = s
+        .directory()
+        .plan()
+        .ok_or_else(|| ApiError::Unavailable("the plan is restarting; try again".into()))?;
+    let ids = ask(&actor, PlanMsg::Ready).await?;
+    Ok(Json(json!({ "ready": ids })))
+}
+
+/// Seed 004's queue statistics, seed 000's writer status, the plan's size.
+pub async fn stats(State(s): State<ApiState>) -> ApiResult<Json<Value>> {
+    let unavailable =
+        |what: &str| ApiError::Unavailable(format!("the {what} is restarting; try again"));
+    let master = s
+        .directory()
+        .master()
+        .ok_or_else(|| unavailable("master"))?;
+    let writer = s
+        .directory()
+        .writer()
+        .ok_or_else(|| unavailable("writer"))?;
+    let plan = s.directory().plan().ok_or_else(|| unavailable("plan"))?;
+    let queue = ask(&master, MasterMsg::Stats).await?;
+    let writer = ask(&writer, WriterMsg::Stats).await?;
+    let plan = ask(&plan, PlanMsg::Stats).await?;
+    Ok(Json(
+        json!({ "queue": queue, "writer": writer, "plan": plan }),
+    ))
+}

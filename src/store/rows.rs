@@ -1,0 +1,405 @@
+//! Generic row access for the HTTP API's CRUD routes: one table description
+//! per resource instead of five near-identical sets of statements.
+//!
+//! Table and column names come only from the static [`TableSpec`]s below,
+//! never from a request; every value is bound.
+
+use serde_json::{Map, Value};
+use sqlx::AssertSqlSafe;
+use uuid::Uuid;
+
+use super::decode::AnyRow;
+use super::{Store, StoreError};
+
+/// How a column is stored, so a JSON value can be bound and read back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ColumnKind {
+    /// TEXT; ids, names, `HH:MM`, zones.
+    Text,
+    /// BOOLEAN on PostgreSQL, 0/1 INTEGER on SQLite.
+    Bool,
+    /// BIGINT: epoch milliseconds and counters.
+    Int64,
+    /// INTEGER (action_details.position).
+    Int32,
+    /// TEXT holding JSON.
+    Json,
+}
+
+#[derive(Debug)]
+pub struct TableSpec {
+    pub table: &'static str,
+    /// Every column, `id` first.
+    pub columns: &'static [(&'static str, ColumnKind)],
+}
+
+use ColumnKind::*;
+
+pub const BRANDS: TableSpec = TableSpec {
+    table: "brands",
+    columns: &[
+        ("id", Text),
+        ("name", Text),
+        ("settings", Json),
+        ("created_at", Int64),
+        ("updated_at", Int64),
+    ],
+};
+
+pub const BRANCHES: TableSpec = TableSpec {
+    table: "branches",
+    columns: &[
+        ("id", Text),
+        ("brand_id", Text),
+        ("name", Text),
+        ("timezone", Text),
+        ("is_active", Bool),
+        ("created_at", Int64),
+        ("updated_at", Int64),
+    ],
+};
+
+pub const RULES: TableSpec = TableSpec {
+    table: "rules",
+    columns: &[
+        ("id", Text),
+        ("brand_id", Text),
+        ("name", Text),
+        ("status", Text),
+        ("cron_expression", Text),
+        ("settings", Json),
+        ("created_at", Int64),
+        ("updated_at", Int64),
+    ],
+};
+
+pub const ACTION_TEMPLATES: TableSpec = TableSpec {
+    table: "action_templates",
+    columns: &[
+        ("id", Text),
+        ("name", Text),
+        ("kind", Text),
+        ("config", Json),
+        ("created_at", Int64),
+        ("updated_at", Int64),
+    ],
+};
+
+pub const BRANCH_RULES: TableSpec = TableSpec {
+    table: "branch_rules",
+    columns: &[
+        ("id", Text),
+        ("branch_id", Text),
+        ("rule_id", Text),
+        ("brand_rule_id", Text),
+        ("is_active", Bool),
+        ("is_archived", Bool),
+        ("is_force_stopped", Bool),
+        ("is_currently_running", Bool),
+        ("operation_time_from", Text),
+        ("operation_time_to", Text),
+        ("next_run_time", Int64),
+        ("last_run_time", Int64),
+        ("lock_holder", Text),
+        ("lock_time", Int64),
+        ("lock_epoch", Int64),
+        ("params", Json),
+        ("created_at", Int64),
+        ("updated_at", Int64),
+    ],
+};
+
+pub const ACTION_DETAILS: TableSpec = TableSpec {
+    table: "action_details",
+    columns: &[
+        ("id", Text),
+        ("branch_rule_id", Text),
+        ("action_template_id", Text),
+        ("position", Int32),
+        ("params", Json),
+        ("created_at", Int64),
+        ("updated_at", Int64),
+    ],
+};
+
+impl TableSpec {
+    fn kind_of(&self, column: &str) -> Option<ColumnKind> {
+        self.columns
+            .iter()
+            .find(|(name, _)| *name == column)
+            .map(|(_, kind)| *kind)
+    }
+
+    fn column_list(&self) -> String {
+        self.columns
+            .iter()
+            .map(|(name, _)| *name)
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// One bound value.
+#[derive(Debug, Clone)]
+enum Param {
+    Text(Option<String>),
+    Bool(Option<bool>),
+    Int64(Option<i64>),
+    Int32(Option<i32>),
+}
+
+fn param(spec: &TableSpec, column: &str, value: &Value) -> Result<Param, StoreError> {
+    let kind = spec.kind_of(column).ok_or_else(|| StoreError::Decode {
+        table: spec.table,
+        id: String::new(),
+        column: "?",
+        message: format!("no column {column}"),
+    })?;
+    let mismatch = || StoreError::Decode {
+        table: spec.table,
+        id: String::new(),
+        column: "?",
+        message: format!("column {column} cannot hold {value}"),
+    };
+    Ok(match (kind, value) {
+        (Text, Value::Null) => Param::Text(None),
+        (Text, Value::String(s)) => Param::Text(Some(s.clone())),
+        (Bool, Value::Null) => Param::Bool(None),
+        (Bool, Value::Bool(b)) => Param::Bool(Some(*b)),
+        (Int64, Value::Null) => Param::Int64(None),
+        (Int64, Value::Number(n)) => Param::Int64(Some(n.as_i64().ok_or_else(mismatch)?)),
+        (Int32, Value::Null) => Param::Int32(None),
+        (Int32, Value::Number(n)) => Param::Int32(Some(
+            n.as_i64()
+                .and_then(|n| i32::try_from(n).ok())
+                .ok_or_else(mismatch)?,
+        )),
+        (Json, v) => Param::Text(Some(v.to_string())),
+        _ => return Err(mismatch()),
+    })
+}
+
+fn decode_row(spec: &TableSpec, row: &impl AnyRow) -> Result<Map<String, Value>, StoreError> {
+    let mut out = Map::new();
+    for (column, kind) in spec.columns {
+        let error = |e: sqlx::Error| StoreError::Decode {
+            table: spec.table,
+            id: String::new(),
+            column,
+            message: e.to_string(),
+        };
+        let value = match kind {
+            Text => row.text(column).map_err(error)?.map(Value::String),
+            Bool => row.boolean(column).map_err(error)?.map(Value::Bool),
+            Int64 => row.int64(column).map_err(error)?.map(Value::from),
+            Int32 => row.int32(column).map_err(error)?.map(Value::from),
+            Json => match row.text(column).map_err(error)? {
+                Some(text) => {
+                    Some(serde_json::from_str(&text).map_err(|e| StoreError::Decode {
+                        table: spec.table,
+                        id: String::new(),
+                        column,
+                        message: e.to_string(),
+                    })?)
+                }
+                None => None,
+            },
+        };
+        out.insert(column.to_string(), value.unwrap_or(Value::Null));
+    }
+    Ok(out)
+}
+
+macro_rules! bind_all {
+    ($query:expr, $params:expr) => {{
+        let mut query = $query;
+        for p in $params {
+            query = match p {
+                Param::Text(v) => query.bind(v),
+                Param::Bool(v) => query.bind(v),
+                Param::Int64(v) => query.bind(v),
+                Param::Int32(v) => query.bind(v),
+            };
+        }
+        query
+    }};
+}
+
+macro_rules! fetch_rows {
+    ($conn:expr, $op:expr, $spec:expr, $sql:expr, $params:expr) => {{
+        let query = bind_all!(sqlx::query(AssertSqlSafe($sql)), $params);
+        match query.fetch_all($conn).await {
+            Ok(rows) => rows.iter().map(|row| decode_row($spec, row)).collect(),
+            Err(error) => Err(StoreError::Query { op: $op, error }),
+        }
+    }};
+}
+
+macro_rules! exec_rows {
+    ($conn:expr, $op:expr, $sql:expr, $params:expr) => {{
+        let query = bind_all!(sqlx::query(AssertSqlSafe($sql)), $params);
+        query
+            .execute($conn)
+            .await
+            .map(|done| done.rows_affected())
+            .map_err(|error| StoreError::Query { op: $op, error })
+    }};
+}
+
+fn insert_sql(
+    spec: &TableSpec,
+    row: &Map<String, Value>,
+) -> Result<(String, Vec<Param>), StoreError> {
+    let mut columns = Vec::new();
+    let mut params = Vec::new();
+    for (column, value) in row {
+        params.push(param(spec, column, value)?);
+        columns.push(column.as_str());
+    }
+    let placeholders: Vec<String> = (1..=params.len()).map(|i| format!("${i}")).collect();
+    Ok((
+        format!(
+            "INSERT INTO {} ({}) VALUES ({})",
+            spec.table,
+            columns.join(", "),
+            placeholders.join(", ")
+        ),
+        params,
+    ))
+}
+
+impl Store {
+    /// One row by id, its columns as JSON (times as epoch milliseconds).
+    pub async fn row(
+        &self,
+        spec: &TableSpec,
+        id: Uuid,
+    ) -> Result<Option<Map<String, Value>>, StoreError> {
+        let sql = format!(
+            "SELECT {} FROM {} WHERE id = $1",
+            spec.column_list(),
+            spec.table
+        );
+        let params = vec![Param::Text(Some(id.hyphenated().to_string()))];
+        let rows: Vec<Map<String, Value>> = match self {
+            Store::Sqlite(pool) => fetch_rows!(pool, "select row", spec, sql, params),
+            Store::Postgres(pool) => fetch_rows!(pool, "select row", spec, sql, params),
+        }?;
+        Ok(rows.into_iter().next())
+    }
+
+    /// Every row, optionally only those whose `column` equals `value`,
+    /// ordered by (created_at, id).
+    pub async fn rows(
+        &self,
+        spec: &TableSpec,
+        filter: Option<(&str, &Value)>,
+    ) -> Result<Vec<Map<String, Value>>, StoreError> {
+        let mut sql = format!("SELECT {} FROM {}", spec.column_list(), spec.table);
+        let mut params = Vec::new();
+        if let Some((column, value)) = filter {
+            params.push(param(spec, column, value)?);
+            // The column name was checked against the spec by `param`.
+            sql.push_str(&format!(" WHERE {column} = $1"));
+        }
+        sql.push_str(" ORDER BY created_at, id");
+        match self {
+            Store::Sqlite(pool) => fetch_rows!(pool, "select rows", spec, sql, params),
+            Store::Postgres(pool) => fetch_rows!(pool, "select rows", spec, sql, params),
+        }
+    }
+
+    /// Inserts rows of possibly different tables in one transaction: all or
+    /// nothing (a branch rule with its action details).
+    pub async fn insert_rows(
+        &self,
+        rows: &[(&TableSpec, Map<String, Value>)],
+    ) -> Result<(), StoreError> {
+        let mut statements = Vec::new();
+        for (spec, row) in rows {
+            statements.push(insert_sql(spec, row)?);
+        }
+        macro_rules! run {
+            ($pool:expr) => {{
+                let mut tx = $pool
+                    .begin()
+                    .await
+                    .map_err(|error| StoreError::Query { op: "begin", error })?;
+                for (sql, params) in statements {
+                    exec_rows!(&mut *tx, "insert row", sql, params)?;
+                }
+                tx.commit().await.map_err(|error| StoreError::Query {
+                    op: "commit",
+                    error,
+                })
+            }};
+        }
+        match self {
+            Store::Sqlite(pool) => run!(pool),
+            Store::Postgres(pool) => run!(pool),
+        }
+    }
+
+    /// Sets the given columns of one row; false when no row has this id.
+    pub async fn update_row(
+        &self,
+        spec: &TableSpec,
+        id: Uuid,
+        changes: &Map<String, Value>,
+    ) -> Result<bool, StoreError> {
+        let mut sets = Vec::new();
+        let mut params = Vec::new();
+        for (column, value) in changes {
+            params.push(param(spec, column, value)?);
+            sets.push(format!("{column} = ${}", params.len()));
+        }
+        if sets.is_empty() {
+            return Ok(self.row(spec, id).await?.is_some());
+        }
+        params.push(Param::Text(Some(id.hyphenated().to_string())));
+        let sql = format!(
+            "UPDATE {} SET {} WHERE id = ${}",
+            spec.table,
+            sets.join(", "),
+            params.len()
+        );
+        let affected = match self {
+            Store::Sqlite(pool) => exec_rows!(pool, "update row", sql, params),
+            Store::Postgres(pool) => exec_rows!(pool, "update row", sql, params),
+        }?;
+        Ok(affected > 0)
+    }
+
+    /// Deletes the rows with these ids in one transaction; returns how many
+    /// were deleted.
+    pub async fn delete_rows(&self, spec: &TableSpec, ids: &[Uuid]) -> Result<u64, StoreError> {
+        let params: Vec<Param> = ids
+            .iter()
+            .map(|id| Param::Text(Some(id.hyphenated().to_string())))
+            .collect();
+        let placeholders: Vec<String> = (1..=ids.len()).map(|i| format!("${i}")).collect();
+        let sql = format!(
+            "DELETE FROM {} WHERE id IN ({})",
+            spec.table,
+            placeholders.join(", ")
+        );
+        match self {
+            Store::Sqlite(pool) => exec_rows!(pool, "delete rows", sql, params),
+            Store::Postgres(pool) => exec_rows!(pool, "delete rows", sql, params),
+        }
+    }
+}
+
+/// Read only, for the expression a branch rule inherits from its brand rule.
+pub const BRAND_RULES: TableSpec = TableSpec {
+    table: "brand_rules",
+    columns: &[
+        ("id", Text),
+        ("brand_id", Text),
+        ("rule_id", Text),
+        ("settings", Json),
+        ("cron_expression", Text),
+        ("created_at", Int64),
+        ("updated_at", Int64),
+    ],
+};
