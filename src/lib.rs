@@ -26,6 +26,7 @@
 //! | module | what it does |
 //! |---|---|
 //! | [`actions`] | the handler trait and built-in action kinds |
+//! | [`api`] | the HTTP API (axum): health, readiness, metrics, `/api/v1` |
 //! | [`actors`] | one actor per file; thin shells around the pure modules |
 //! | [`messages`] | one message enum per actor |
 //! | [`supervision`] | root supervisor, restart policy (pure), directory |
@@ -41,6 +42,7 @@
 
 pub mod actions;
 pub mod actors;
+pub mod api;
 pub mod clock;
 pub mod commands;
 pub mod config;

@@ -93,7 +93,9 @@ async fn run(command: Command, config: Config) -> anyhow::Result<()> {
             if demo {
                 load_demo(&config).await?;
             }
-            ruled::service::serve(config).await?;
+            let handle = ruled::metrics::install().context("installing the metrics recorder")?;
+            let options = ruled::service::ServiceOptions::new().metrics(handle);
+            ruled::service::serve(config, options).await?;
         }
         Command::Migrate => {
             let store = connect(&config).await?;

@@ -8,8 +8,11 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::{error, info, warn};
 
+use metrics_exporter_prometheus::PrometheusHandle;
+
 use crate::actions::{ActionRegistry, ActionSettings};
 use crate::actors::{AskError, ask};
+use crate::api::{ApiState, HttpServer};
 use crate::clock::{Clock, millis_to_utc};
 use crate::config::Config;
 use crate::config::hostname;
@@ -33,6 +36,11 @@ pub enum ServiceError {
     Escalated(Escalation),
     #[error(transparent)]
     Persist(#[from] PersistError),
+    #[error("cannot listen on HTTP_ADDR {addr}: {error}")]
+    HttpBind {
+        addr: std::net::SocketAddr,
+        error: std::io::Error,
+    },
     #[error("cannot listen for signals: {0}")]
     Signal(std::io::Error),
     #[error("the supervisor did not answer: {0}")]
@@ -62,6 +70,7 @@ pub enum StopCause {
 pub struct ServiceOptions {
     registry: Option<ActionRegistry>,
     memory_sampler: Option<SamplerFactory>,
+    metrics: Option<PrometheusHandle>,
 }
 
 impl ServiceOptions {
@@ -83,6 +92,13 @@ impl ServiceOptions {
         self.memory_sampler = Some(factory);
         self
     }
+
+    /// The recorder `GET /metrics` renders (`ruled serve` installs one with
+    /// [`crate::metrics::install`]). Default: none, and `/metrics` says so.
+    pub fn metrics(mut self, handle: PrometheusHandle) -> ServiceOptions {
+        self.metrics = Some(handle);
+        self
+    }
 }
 
 pub struct Service {
@@ -93,6 +109,7 @@ pub struct Service {
     supervisor: ActorRef<SupervisorMsg>,
     supervisor_task: JoinHandle<()>,
     escalations: mpsc::UnboundedReceiver<Escalation>,
+    http: HttpServer,
 }
 
 impl Service {
@@ -140,6 +157,14 @@ impl Service {
         claim_instance_id(&store, &config, clock.now_ms()).await?;
         recover(&store, &config, clock.now_ms()).await?;
         let batcher = TransitionBatcher::new(store.clone());
+        // Bound before the actors start, so a taken port fails the start
+        // rather than leaving a service nobody can reach.
+        let listener = tokio::net::TcpListener::bind(config.http_addr)
+            .await
+            .map_err(|error| ServiceError::HttpBind {
+                addr: config.http_addr,
+                error,
+            })?;
 
         let config = Arc::new(config);
         let directory = Directory::new();
@@ -149,7 +174,7 @@ impl Service {
             clock,
             store: store.clone(),
             batcher,
-            registry,
+            registry: registry.clone(),
             memory_sampler,
             directory: directory.clone(),
             escalations: escalation_tx,
@@ -158,8 +183,23 @@ impl Service {
             Actor::spawn(Some(directory.supervisor_name()), RootSupervisor, args)
                 .await
                 .map_err(|e| ServiceError::Spawn(e.to_string()))?;
+        let api = ApiState::new(
+            store.clone(),
+            directory.clone(),
+            Arc::clone(&config),
+            clock,
+            registry,
+            options.metrics,
+        );
+        let http = HttpServer::start(listener, crate::api::router(api)).map_err(|error| {
+            ServiceError::HttpBind {
+                addr: config.http_addr,
+                error,
+            }
+        })?;
         info!("🚀 ruled {} started", env!("CARGO_PKG_VERSION"));
         Ok(Service {
+            http,
             config,
             clock,
             store,
@@ -180,6 +220,12 @@ impl Service {
 
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// Where the HTTP API listens: HTTP_ADDR with its port resolved, so
+    /// a service started on port 0 can be reached.
+    pub fn http_addr(&self) -> std::net::SocketAddr {
+        self.http.addr()
     }
 
     pub async fn supervisor_stats(&self) -> Result<SupervisorStats, AskError> {
@@ -210,6 +256,9 @@ impl Service {
         if let Err(e) = write_marker(&self.config.shutdown_marker_file, &marker) {
             error!("Cannot write the shutdown marker: {e}");
         }
+        // No new API requests while the engine drains: they could start
+        // work (run now) that the drain would only cancel.
+        self.http.stop().await;
         let stopped = ask(&self.supervisor, SupervisorMsg::Shutdown).await;
         self.supervisor.stop(Some("shutdown".into()));
         let _ = self.supervisor_task.await;
@@ -221,6 +270,7 @@ impl Service {
     /// Stops without the graceful sequence, as after an escalation: the
     /// process is about to exit non-zero and its supervisor restarts it.
     pub async fn abort(self) {
+        self.http.stop().await;
         self.supervisor.stop_children(Some("escalated".into()));
         self.supervisor.stop(Some("escalated".into()));
         let _ = self.supervisor_task.await;
@@ -318,8 +368,8 @@ fn process_alive(pid: i64) -> bool {
 }
 
 /// `ruled serve`: runs until a signal (exit 0) or an escalation (error).
-pub async fn serve(config: Config) -> Result<(), ServiceError> {
-    let mut service = Service::start(config, Clock::system()).await?;
+pub async fn serve(config: Config, options: ServiceOptions) -> Result<(), ServiceError> {
+    let mut service = Service::start_with(config, Clock::system(), options).await?;
     match service.wait().await? {
         StopCause::Signal(signal) => service.shutdown(signal).await,
         StopCause::Escalated(escalation) => {

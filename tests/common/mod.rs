@@ -33,6 +33,7 @@
 //! Tests never sleep to wait for something: use [`eventually`].
 #![allow(dead_code)]
 
+pub mod api;
 pub mod process;
 pub mod rules;
 pub mod service;

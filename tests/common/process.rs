@@ -45,6 +45,7 @@ impl Install {
             .env("PLAN_FILE", self.path("plan.json"))
             .env("SHUTDOWN_MARKER_FILE", self.path("marker.json"))
             .env("EXECUTION_PLAN_REFRESH_SECONDS", "0.2")
+            .env("HTTP_ADDR", "127.0.0.1:0")
             .env("RUST_LOG", "info");
         command
     }

@@ -27,6 +27,8 @@ pub fn test_config(database_url: &str, dir: &std::path::Path) -> Config {
         shutdown_marker_file: dir.join("marker.json"),
         plan_refresh_interval: Duration::from_millis(100),
         plan_min_write_interval: Duration::from_millis(50),
+        // Many services run at once in one test binary: each takes a free port.
+        http_addr: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
         ..Config::default()
     }
 }

@@ -1,0 +1,98 @@
+//! `/healthz` (the process answers) and `/readyz` (it can do its job).
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use super::ApiState;
+use crate::actors::ask_within;
+use crate::messages::{RefresherMsg, SupervisorMsg};
+
+/// A readiness probe must answer well within a kubelet's timeout even when
+/// an actor is wedged.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+pub async fn healthz() -> Json<Value> {
+    Json(json!({ "status": "ok" }))
+}
+
+/// Ready when the database answers, the plan has been loaded from it at
+/// least once, and every supervised actor is alive. Each failed check is
+/// named so an operator sees why without reading logs.
+pub async fn readyz(State(state): State<ApiState>) -> Response {
+    let mut problems: Vec<String> = Vec::new();
+
+    let database = match tokio::time::timeout(PROBE_TIMEOUT, state.store().ping()).await {
+        Ok(Ok(())) => true,
+        Ok(Err(e)) => {
+            problems.push(format!("database: {e}"));
+            false
+        }
+        Err(_) => {
+            problems.push(format!("database: no answer within {PROBE_TIMEOUT:?}"));
+            false
+        }
+    };
+
+    let plan_loaded = match state.directory().refresher() {
+        Some(refresher) => match ask_within(&refresher, PROBE_TIMEOUT, RefresherMsg::Stats).await {
+            Ok(stats) if stats.last_success_at.is_some() => true,
+            Ok(_) => {
+                problems.push("plan: not yet loaded from the database".into());
+                false
+            }
+            Err(e) => {
+                problems.push(format!("plan: the refresher did not answer: {e}"));
+                false
+            }
+        },
+        None => {
+            problems.push("plan: the refresher is not running".into());
+            false
+        }
+    };
+
+    let actors = match state.directory().supervisor() {
+        Some(supervisor) => {
+            match ask_within(&supervisor, PROBE_TIMEOUT, SupervisorMsg::Stats).await {
+                Ok(stats) => {
+                    let dead: Vec<&String> = stats
+                        .alive
+                        .iter()
+                        .filter(|(_, alive)| !**alive)
+                        .map(|(name, _)| name)
+                        .collect();
+                    if !dead.is_empty() {
+                        problems.push(format!("actors not alive: {dead:?}"));
+                    }
+                    dead.is_empty() && !stats.alive.is_empty()
+                }
+                Err(e) => {
+                    problems.push(format!("actors: the supervisor did not answer: {e}"));
+                    false
+                }
+            }
+        }
+        None => {
+            problems.push("actors: the supervisor is not running".into());
+            false
+        }
+    };
+
+    let ready = database && plan_loaded && actors;
+    let body = json!({
+        "status": if ready { "ready" } else { "not_ready" },
+        "checks": { "database": database, "plan_loaded": plan_loaded, "actors_alive": actors },
+        "problems": problems,
+    });
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, Json(body)).into_response()
+}

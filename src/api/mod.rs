@@ -1,0 +1,142 @@
+//! The HTTP interface (DESIGN.md §5): health, readiness and metrics outside
+//! the `/api/v1` prefix, served by axum on HTTP_ADDR.
+//!
+//! Handlers never touch actor state directly: they read the database
+//! through the [`Store`] and ask actors through the [`Directory`], exactly
+//! like any other part of the system, so the API cannot bypass the single
+//! writers of plan and job state.
+
+mod health;
+mod metrics;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::routing::get;
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tracing::{error, info};
+
+use crate::actions::ActionRegistry;
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::store::Store;
+use crate::supervision::Directory;
+
+/// What every handler shares. Cheap to clone: one `Arc`.
+#[derive(Clone)]
+pub struct ApiState {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Store,
+    directory: Directory,
+    config: Arc<Config>,
+    clock: Clock,
+    registry: ActionRegistry,
+    metrics: Option<PrometheusHandle>,
+}
+
+impl ApiState {
+    pub fn new(
+        store: Store,
+        directory: Directory,
+        config: Arc<Config>,
+        clock: Clock,
+        registry: ActionRegistry,
+        metrics: Option<PrometheusHandle>,
+    ) -> ApiState {
+        ApiState {
+            inner: Arc::new(Inner {
+                store,
+                directory,
+                config,
+                clock,
+                registry,
+                metrics,
+            }),
+        }
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.inner.store
+    }
+
+    pub fn directory(&self) -> &Directory {
+        &self.inner.directory
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    pub fn clock(&self) -> Clock {
+        self.inner.clock
+    }
+
+    pub fn registry(&self) -> &ActionRegistry {
+        &self.inner.registry
+    }
+
+    pub fn metrics_handle(&self) -> Option<&PrometheusHandle> {
+        self.inner.metrics.as_ref()
+    }
+}
+
+/// Every route of the service.
+pub fn router(state: ApiState) -> Router {
+    Router::new()
+        .route("/healthz", get(health::healthz))
+        .route("/readyz", get(health::readyz))
+        .route("/metrics", get(metrics::metrics))
+        .with_state(state)
+}
+
+/// A running HTTP server; [`HttpServer::stop`] ends it gracefully.
+pub struct HttpServer {
+    addr: SocketAddr,
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<()>,
+}
+
+/// How long in-flight requests get at shutdown before the server is dropped.
+const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+impl HttpServer {
+    /// Serves `router` on an already bound listener, so the caller learns
+    /// the port (HTTP_ADDR may say port 0) before anything is served.
+    pub fn start(listener: TcpListener, router: Router) -> std::io::Result<HttpServer> {
+        let addr = listener.local_addr()?;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let shutdown = async move {
+                let _ = stopped.await;
+            };
+            if let Err(e) = axum::serve(listener, router)
+                .with_graceful_shutdown(shutdown)
+                .await
+            {
+                error!("HTTP server failed: {e}");
+            }
+        });
+        info!("🌐 HTTP API listening on http://{addr}");
+        Ok(HttpServer { addr, stop, task })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops accepting connections and waits (bounded) for open requests.
+    pub async fn stop(self) {
+        let _ = self.stop.send(());
+        let mut task = self.task;
+        if tokio::time::timeout(STOP_GRACE, &mut task).await.is_err() {
+            task.abort();
+        }
+    }
+}
