@@ -224,6 +224,9 @@ pub fn register_known_series() {
     gauge!(MEMORY_THROTTLE_ACTIVE).set(0.0);
 }
 
+/// How often [`install`]'s thread drains histogram samples into buckets.
+const UPKEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The exporter with ruled's histogram buckets (every histogram is in
 /// seconds; a full-name match wins over the suffix match).
 pub fn builder() -> Result<PrometheusBuilder, metrics_exporter_prometheus::BuildError> {
@@ -256,6 +259,21 @@ pub fn builder() -> Result<PrometheusBuilder, metrics_exporter_prometheus::Build
 /// called once per process.
 pub fn install() -> Result<PrometheusHandle, metrics_exporter_prometheus::BuildError> {
     let handle = builder()?.install_recorder()?;
+    // Histogram samples wait in the recorder until upkeep folds them into
+    // the buckets. `/metrics` runs it before rendering, but with nobody
+    // scraping the samples would pile up, so a thread runs it as well.
+    let upkeep = handle.clone();
+    std::thread::Builder::new()
+        .name("metrics-upkeep".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(UPKEEP_INTERVAL);
+                upkeep.run_upkeep();
+            }
+        })
+        .map_err(|e| {
+            metrics_exporter_prometheus::BuildError::FailedToCreateRuntime(e.to_string())
+        })?;
     describe_all();
     register_known_series();
     metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
