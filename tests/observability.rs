@@ -438,9 +438,28 @@ async fn prometheus_scraping_the_demo_answers_every_dashboard_query() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
+    // Prometheus starts its scrape loops a few seconds after it is ready;
+    // wait for the first (failed) scrape of the not yet started service.
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let data = prometheus_api(&http, &base, "/api/v1/targets", &[]).await;
+        let scraped = data["activeTargets"]
+            .as_array()
+            .is_some_and(|targets| targets.iter().any(|t| t["health"] == "down"));
+        if scraped {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Prometheus never scraped: {data}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
     // The demo rules are due at once; the master's grace period lets a few
-    // scrapes see the counters at 0 before the first jobs move them.
-    let server = serve_demo(&install, &ruled_addr, "4");
+    // scrapes see the counters at 0 before the first jobs move them, so the
+    // rates and quantiles have something to show from the start.
+    let server = serve_demo(&install, &ruled_addr, "3");
     assert_eq!(listening_on(&install), ruled_addr);
 
     let queries: Vec<(String, String)> = dashboard_queries(&dashboard())
@@ -469,10 +488,12 @@ async fn prometheus_scraping_the_demo_answers_every_dashboard_query() {
         .collect();
     assert!(
         empty.is_empty(),
-        "dashboard queries without data after {:?}:\n{}\n--- ruled:\n{}",
+        "dashboard queries without data after {:?} (now {:?}):\n{}\n--- ruled:\n{}\n--- prometheus:\n{}",
         2 * DEADLINE,
+        std::time::SystemTime::now(),
         empty.join("\n"),
-        install.log("serve.log")
+        install.log("serve.log"),
+        install.log("prometheus.log")
     );
 
     // The alert rules ran against the real series without an error.
