@@ -1,12 +1,22 @@
-//! Every metric of DESIGN.md §5, registered and described in one place.
+//! Every metric of DESIGN.md §5, registered and described in one place,
+//! plus three the alerts need (the last block of constants).
 //!
 //! Rules: one `ruled_` prefix, base units (seconds, ratios), counters end in
 //! `_total`, labels are small closed sets and never an id, no pre-computed
 //! rates. Code records through the `metrics` macros with these constants;
 //! without an installed recorder (library use, most tests) they are no-ops.
+//!
+//! [`install`] also gives every series whose label values are known a first
+//! value (counters at 0, empty histograms), so `/metrics` lists every name
+//! from the first scrape and `rate()` over a counter starts from a real zero
+//! instead of missing its first increment.
 
 use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+use crate::model::ExecutionStatus;
+use crate::queue::DedupReason;
+use crate::supervision::ActorKind;
 
 pub const PLAN_WORKFLOWS: &str = "ruled_plan_workflows";
 pub const PLAN_REFRESH_TOTAL: &str = "ruled_plan_refresh_total";
@@ -28,6 +38,11 @@ pub const ACTOR_RESTARTS_TOTAL: &str = "ruled_actor_restarts_total";
 pub const LOCK_CLAIMS_TOTAL: &str = "ruled_lock_claims_total";
 pub const DB_ERRORS_TOTAL: &str = "ruled_db_errors_total";
 pub const BUILD_INFO: &str = "ruled_build_info";
+
+// Beyond DESIGN.md §5, for the alerts in prometheus/alerts.yml.
+pub const PLAN_READY_WORKFLOWS: &str = "ruled_plan_ready_workflows";
+pub const PLAN_MISSED_WINDOW_WORKFLOWS: &str = "ruled_plan_missed_window_workflows";
+pub const ACTOR_ALIVE: &str = "ruled_actor_alive";
 
 /// Every name above, for tests and docs.
 pub const ALL: &[&str] = &[
@@ -51,7 +66,28 @@ pub const ALL: &[&str] = &[
     LOCK_CLAIMS_TOTAL,
     DB_ERRORS_TOTAL,
     BUILD_INFO,
+    PLAN_READY_WORKFLOWS,
+    PLAN_MISSED_WINDOW_WORKFLOWS,
+    ACTOR_ALIVE,
 ];
+
+/// The `op` label values of [`DB_ERRORS_TOTAL`]; a unit test checks that
+/// every one recorded in `src/` is listed.
+pub const DB_ERROR_OPS: &[&str] = &[
+    "claim",
+    "finish",
+    "heartbeat",
+    "mark_running",
+    "mark_scheduled",
+    "outbox",
+    "refresh",
+    "renew_lock",
+    "stale_owners",
+    "takeover",
+];
+
+/// The `kind` label values of [`PLAN_MERGE_CHANGES_TOTAL`].
+pub const MERGE_CHANGE_KINDS: &[&str] = &["added", "updated", "removed", "preserved", "pruned"];
 
 /// Describes every metric to the installed recorder.
 pub fn describe_all() {
@@ -127,30 +163,279 @@ pub fn describe_all() {
         BUILD_INFO,
         "Always 1; the version label says which build runs."
     );
+    describe_gauge!(
+        PLAN_READY_WORKFLOWS,
+        "Workflows ready to run (due, in their window, not running) at the last look, \
+         up to MAX_RUNS_PER_TICK."
+    );
+    describe_gauge!(
+        PLAN_MISSED_WINDOW_WORKFLOWS,
+        "Due workflows whose operation window opened and closed again without them running; \
+         they wait for the next opening."
+    );
+    describe_gauge!(
+        ACTOR_ALIVE,
+        "1 while the supervisor has the actor running, 0 while it waits to restart it, by actor."
+    );
 }
 
-/// Installs the global Prometheus recorder and describes every metric.
-/// Only `ruled serve` calls this; it can be called once per process.
-pub fn install() -> Result<PrometheusHandle, metrics_exporter_prometheus::BuildError> {
-    let handle = PrometheusBuilder::new()
-        // Dispatch lag is milliseconds to minutes; job duration up to the
-        // 600 s execution timeout.
+/// Gives every series with known label values its starting value; see the
+/// module doc. Gauges only where the value is known before anything
+/// happens (nothing queued, not throttled); the rest are set by their
+/// owners as they start.
+pub fn register_known_series() {
+    use metrics::{counter, gauge, histogram};
+    for result in ["ok", "error"] {
+        counter!(PLAN_REFRESH_TOTAL, "result" => result).increment(0);
+    }
+    for kind in MERGE_CHANGE_KINDS {
+        counter!(PLAN_MERGE_CHANGES_TOTAL, "kind" => *kind).increment(0);
+    }
+    for result in ["ok", "error", "dropped"] {
+        counter!(PLAN_WRITE_TOTAL, "result" => result).increment(0);
+    }
+    for status in ExecutionStatus::ALL.into_iter().filter(|s| s.is_terminal()) {
+        counter!(JOBS_TOTAL, "outcome" => status.as_str()).increment(0);
+    }
+    for reason in DedupReason::ALL {
+        counter!(JOBS_DEDUPLICATED_TOTAL, "reason" => reason.as_str()).increment(0);
+    }
+    for kind in ActorKind::START_ORDER {
+        counter!(ACTOR_RESTARTS_TOTAL, "actor" => kind.as_str()).increment(0);
+    }
+    for result in ["won", "lost", "error"] {
+        counter!(LOCK_CLAIMS_TOTAL, "result" => result).increment(0);
+    }
+    for op in DB_ERROR_OPS {
+        counter!(DB_ERRORS_TOTAL, "op" => *op).increment(0);
+    }
+    for name in [
+        PLAN_REFRESH_DURATION_SECONDS,
+        PLAN_WRITE_DURATION_SECONDS,
+        JOB_DURATION_SECONDS,
+        DISPATCH_LAG_SECONDS,
+    ] {
+        // Registering is enough: an empty histogram renders its buckets at 0.
+        let _ = histogram!(name);
+    }
+    gauge!(PLAN_WRITE_QUEUE_SIZE).set(0.0);
+    gauge!(QUEUE_SIZE).set(0.0);
+    gauge!(ACTIVE_JOBS).set(0.0);
+    gauge!(MEMORY_THROTTLE_ACTIVE).set(0.0);
+}
+
+/// How often [`install`]'s thread drains histogram samples into buckets.
+const UPKEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The exporter with ruled's histogram buckets (every histogram is in
+/// seconds; a full-name match wins over the suffix match).
+pub fn builder() -> Result<PrometheusBuilder, metrics_exporter_prometheus::BuildError> {
+    PrometheusBuilder::new()
+        // Dispatch lag is milliseconds when all is well, seconds after a
+        // start-up grace period, and up to hours for a rule that waited for
+        // its window to open; job duration runs up to the 600 s execution
+        // timeout.
         .set_buckets_for_metric(
             Matcher::Full(DISPATCH_LAG_SECONDS.to_string()),
             &[
-                0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 15.0, 60.0,
+                0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 15.0, 60.0, 300.0,
+                3600.0,
             ],
         )?
         .set_buckets_for_metric(
             Matcher::Full(JOB_DURATION_SECONDS.to_string()),
             &[0.005, 0.025, 0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 180.0, 600.0],
         )?
+        // Plan refreshes and plan-file writes: milliseconds, seconds when
+        // the database or disk struggles.
         .set_buckets_for_metric(
             Matcher::Suffix("_duration_seconds".to_string()),
             &[0.001, 0.005, 0.025, 0.1, 0.25, 1.0, 2.5, 10.0],
-        )?
-        .install_recorder()?;
+        )
+}
+
+/// Installs the global Prometheus recorder, describes every metric and
+/// registers the known series. Only `ruled serve` calls this; it can be
+/// called once per process.
+pub fn install() -> Result<PrometheusHandle, metrics_exporter_prometheus::BuildError> {
+    let handle = builder()?.install_recorder()?;
+    // Histogram samples wait in the recorder until upkeep folds them into
+    // the buckets. `/metrics` runs it before rendering, but with nobody
+    // scraping the samples would pile up, so a thread runs it as well.
+    let upkeep = handle.clone();
+    std::thread::Builder::new()
+        .name("metrics-upkeep".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(UPKEEP_INTERVAL);
+                upkeep.run_upkeep();
+            }
+        })
+        .map_err(|e| {
+            metrics_exporter_prometheus::BuildError::FailedToCreateRuntime(e.to_string())
+        })?;
     describe_all();
+    register_known_series();
     metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
     Ok(handle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Renders what a fresh `ruled serve` exports before anything happens.
+    fn rendered_at_start(extra: impl FnOnce()) -> String {
+        let recorder = builder().unwrap().build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || {
+            describe_all();
+            register_known_series();
+            extra();
+        });
+        handle.render()
+    }
+
+    /// `(CONSTANT, label, value)` for each counter recorded in `src/` with a
+    /// literal label value: `m::DB_ERRORS_TOTAL, "op" => "claim"`.
+    fn literal_label_values() -> Vec<(String, String, String)> {
+        fn walk(dir: &std::path::Path, found: &mut Vec<(String, String, String)>) {
+            for entry in std::fs::read_dir(dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    walk(&path, found);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    let text = std::fs::read_to_string(&path).unwrap();
+                    let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
+                    for rest in text.split("m::").skip(1) {
+                        let Some((constant, rest)) = rest.split_once(", \"") else {
+                            continue;
+                        };
+                        let Some((label, rest)) = rest.split_once("\" => \"") else {
+                            continue;
+                        };
+                        let Some((value, _)) = rest.split_once('"') else {
+                            continue;
+                        };
+                        let ident = |s: &str| {
+                            !s.is_empty()
+                                && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                        };
+                        if ident(constant) && ident(label) && ident(value) {
+                            found.push((constant.into(), label.into(), value.into()));
+                        }
+                    }
+                }
+            }
+        }
+        let mut found = Vec::new();
+        walk(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+            &mut found,
+        );
+        found
+    }
+
+    #[test]
+    fn every_counter_series_recorded_in_the_source_exists_from_the_start() {
+        let rendered = rendered_at_start(|| {});
+        let found = literal_label_values();
+        assert!(
+            found.contains(&("DB_ERRORS_TOTAL".into(), "op".into(), "claim".into())),
+            "the source scan found too little: {found:?}"
+        );
+        let mut counters = 0;
+        for (constant, label, value) in found {
+            let name = format!("ruled_{}", constant.to_lowercase());
+            assert!(
+                ALL.contains(&name.as_str()),
+                "{name} is not in metrics::ALL"
+            );
+            if !name.ends_with("_total") {
+                continue; // gauges are set by their owners as they start
+            }
+            counters += 1;
+            let series = format!("{name}{{{label}=\"{value}\"}} 0");
+            assert!(
+                rendered.lines().any(|line| line == series),
+                "{series} is recorded in src/ but not registered at start:\n{rendered}"
+            );
+        }
+        assert!(counters >= 20, "only {counters} counter series found");
+    }
+
+    #[test]
+    fn every_series_with_an_enum_label_exists_from_the_start() {
+        let rendered = rendered_at_start(|| {});
+        for line in [
+            "ruled_jobs_total{outcome=\"completed\"} 0",
+            "ruled_jobs_total{outcome=\"timed_out\"} 0",
+            "ruled_jobs_deduplicated_total{reason=\"recent\"} 0",
+            "ruled_actor_restarts_total{actor=\"writer\"} 0",
+            "ruled_actor_restarts_total{actor=\"memory_guard\"} 0",
+            "ruled_dispatch_lag_seconds_count 0",
+            "ruled_job_duration_seconds_count 0",
+            "ruled_plan_refresh_duration_seconds_count 0",
+            "ruled_plan_write_duration_seconds_count 0",
+            "ruled_memory_throttle_active 0",
+            "ruled_queue_size 0",
+        ] {
+            assert!(
+                rendered.lines().any(|l| l == line),
+                "{line} missing:\n{rendered}"
+            );
+        }
+        assert!(
+            !rendered.contains("outcome=\"running\""),
+            "only terminal outcomes"
+        );
+    }
+
+    #[test]
+    fn histograms_use_the_buckets_for_their_range() {
+        let rendered = rendered_at_start(|| {
+            metrics::histogram!(DISPATCH_LAG_SECONDS).record(0.003);
+            metrics::histogram!(JOB_DURATION_SECONDS).record(120.0);
+            metrics::histogram!(PLAN_REFRESH_DURATION_SECONDS).record(0.02);
+        });
+        for line in [
+            "ruled_dispatch_lag_seconds_bucket{le=\"0.001\"} 0",
+            "ruled_dispatch_lag_seconds_bucket{le=\"0.005\"} 1",
+            "ruled_dispatch_lag_seconds_bucket{le=\"3600\"} 1",
+            "ruled_job_duration_seconds_bucket{le=\"60\"} 0",
+            "ruled_job_duration_seconds_bucket{le=\"180\"} 1",
+            "ruled_job_duration_seconds_bucket{le=\"600\"} 1",
+            "ruled_plan_refresh_duration_seconds_bucket{le=\"0.025\"} 1",
+            "ruled_plan_refresh_duration_seconds_bucket{le=\"10\"} 1",
+        ] {
+            assert!(
+                rendered.lines().any(|l| l == line),
+                "{line} missing:\n{rendered}"
+            );
+        }
+        assert!(
+            !rendered.contains("ruled_job_duration_seconds_bucket{le=\"0.001\"}"),
+            "the full-name buckets win over the suffix match"
+        );
+    }
+
+    #[test]
+    fn every_metric_is_described_with_the_prefix_and_no_id_label() {
+        // The gauges their owners set as they start, set here instead.
+        let rendered = rendered_at_start(|| {
+            for name in ALL {
+                if !name.ends_with("_total") && !name.ends_with("_seconds") {
+                    metrics::gauge!(*name).set(1.0);
+                }
+            }
+        });
+        for name in ALL {
+            assert!(name.starts_with("ruled_"), "{name}");
+            assert!(!name.contains("_id"), "{name}");
+            assert!(
+                rendered.contains(&format!("# HELP {name} ")),
+                "{name} is not described (or not registered at start):\n{rendered}"
+            );
+        }
+    }
 }

@@ -110,6 +110,7 @@ impl Actor for MasterActor {
             throttled,
         };
         state.schedule_tick(&myself, grace);
+        state.publish_gauges();
         Ok(state)
     }
 

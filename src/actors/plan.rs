@@ -15,7 +15,7 @@ use crate::model::{Millis, PlanScope};
 use crate::persist::read_plan_file;
 use crate::plan::{
     ExecutionPlan, MergeOptions, MergeReport, PlanStats, job_spec, local_next_run_time, merge,
-    next_wake, ready_in_partition,
+    missed_windows, next_wake, ready_in_partition,
 };
 use crate::supervision::Directory;
 
@@ -94,6 +94,7 @@ impl Actor for PlanActor {
             last_enqueued_at: None,
         };
         publish_gauges(&state.plan.stats(state.clock.now_ms()));
+        state.publish_readiness(state.clock.now_ms());
         Ok(state)
     }
 
@@ -118,16 +119,18 @@ impl Actor for PlanActor {
             PlanMsg::ReadyJobs(reply) => {
                 let config = &state.config;
                 let zone = config.default_timezone;
-                let jobs = ready_in_partition(
+                let ready = ready_in_partition(
                     &state.plan,
                     now,
                     config.max_runs_per_tick,
                     zone,
                     config.partition,
-                )
-                .iter()
-                .filter_map(|id| job_spec(&state.plan, id, zone))
-                .collect();
+                );
+                metrics::gauge!(m::PLAN_READY_WORKFLOWS).set(ready.len() as f64);
+                let jobs = ready
+                    .iter()
+                    .filter_map(|id| job_spec(&state.plan, id, zone))
+                    .collect();
                 let next_wake = next_wake(&state.plan, now, zone, config.partition);
                 let _ = reply.send(ReadyJobs { jobs, next_wake });
             }
@@ -260,7 +263,26 @@ impl PlanState {
         }
         let stats = self.plan.stats(now);
         publish_gauges(&stats);
+        self.publish_readiness(now);
         report
+    }
+
+    /// The ready and missed-window gauges, at start and after each merge
+    /// (the master's fetches also set the ready gauge). Both walk only the
+    /// due part of the index.
+    fn publish_readiness(&self, now: Millis) {
+        let config = &self.config;
+        let zone = config.default_timezone;
+        let ready = ready_in_partition(
+            &self.plan,
+            now,
+            config.max_runs_per_tick,
+            zone,
+            config.partition,
+        );
+        metrics::gauge!(m::PLAN_READY_WORKFLOWS).set(ready.len() as f64);
+        let missed = missed_windows(&self.plan, now, zone, config.partition);
+        metrics::gauge!(m::PLAN_MISSED_WINDOW_WORKFLOWS).set(missed as f64);
     }
 
     /// Tells the master to look again: something may have become ready.

@@ -92,6 +92,33 @@ pub fn next_wake(
     earliest
 }
 
+/// How many due workflows missed their operation window: it was open at
+/// some moment since their next_run_time and is closed now, so they wait
+/// for the next opening. A rule due before its window opens and waiting
+/// for it is not counted: that is how a window works.
+pub fn missed_windows(
+    plan: &ExecutionPlan,
+    now: Millis,
+    default_zone: Tz,
+    partition: Option<Partition>,
+) -> usize {
+    plan.due_ids(now)
+        .filter(|id| in_partition(id, partition))
+        .filter_map(|id| plan.get(&id))
+        .filter(|workflow| {
+            let Err(NotReady::OutsideWindow { window, .. }) =
+                check_ready(plan, workflow, now, default_zone)
+            else {
+                return false;
+            };
+            workflow
+                .branch_rule
+                .next_run_time
+                .is_some_and(|due| window_opening(plan, workflow, window, due, default_zone) < now)
+        })
+        .count()
+}
+
 fn window_opening(
     plan: &ExecutionPlan,
     workflow: &super::Workflow,
@@ -236,5 +263,117 @@ mod tests {
         let mut plan = fixture.plan();
         plan.mark_running(&fixture.workflow_id, NOW);
         assert_eq!(next_wake(&plan, NOW, chrono_tz::UTC, None), None);
+    }
+
+    #[test]
+    fn a_rule_missed_its_window_when_the_window_opened_and_closed_since_it_was_due() {
+        use crate::schedule::TimeOfDay;
+        use chrono::TimeZone;
+        let at = |day: u32, h: u32, mi: u32| {
+            chrono::Utc
+                .with_ymd_and_hms(2027, 1, day, h, mi, 0)
+                .unwrap()
+                .timestamp_millis()
+        };
+        let day = Some((
+            TimeOfDay::new(9, 0).unwrap(),
+            TimeOfDay::new(17, 0).unwrap(),
+        ));
+        let night = Some((
+            TimeOfDay::new(22, 0).unwrap(),
+            TimeOfDay::new(6, 0).unwrap(),
+        ));
+        let cases = [
+            ("no window", None, at(15, 8, 0), at(16, 8, 0), 0),
+            (
+                "due before the opening, waiting for it",
+                day,
+                at(15, 8, 0),
+                at(15, 8, 30),
+                0,
+            ),
+            (
+                "due before, the window came and went",
+                day,
+                at(15, 8, 0),
+                at(15, 18, 0),
+                1,
+            ),
+            (
+                "due inside, now ready",
+                day,
+                at(15, 10, 0),
+                at(15, 12, 0),
+                0,
+            ),
+            (
+                "due inside, the window closed",
+                day,
+                at(15, 10, 0),
+                at(15, 17, 30),
+                1,
+            ),
+            (
+                "due after the close, waiting overnight",
+                day,
+                at(15, 17, 30),
+                at(16, 8, 0),
+                0,
+            ),
+            (
+                "due after the close, missed the next day",
+                day,
+                at(15, 17, 30),
+                at(16, 18, 0),
+                1,
+            ),
+            (
+                "overnight window, due before it, missed",
+                night,
+                at(15, 21, 0),
+                at(16, 7, 0),
+                1,
+            ),
+            (
+                "overnight window, due after it, waiting",
+                night,
+                at(15, 7, 0),
+                at(15, 12, 0),
+                0,
+            ),
+            ("not due yet", day, at(15, 19, 0), at(15, 18, 0), 0),
+        ];
+        for (name, window, due, now, expected) in cases {
+            let mut fixture = Fixture::due(due);
+            fixture.branch_rule.operation_time_from = window.map(|w| w.0);
+            fixture.branch_rule.operation_time_to = window.map(|w| w.1);
+            let plan = fixture.plan();
+            assert_eq!(
+                missed_windows(&plan, now, chrono_tz::UTC, None),
+                expected,
+                "{name}"
+            );
+        }
+
+        // Only this instance's partition counts; a running rule waits for
+        // its finish, not for a window.
+        let mut fixture = Fixture::due(at(15, 10, 0));
+        fixture.branch_rule.operation_time_from = day.map(|w| w.0);
+        fixture.branch_rule.operation_time_to = day.map(|w| w.1);
+        let mut plan = fixture.plan();
+        let id = fixture.workflow_id;
+        let elsewhere = Some(Partition {
+            index: u32::try_from((id.as_u128() + 1) % 2).unwrap(),
+            count: 2,
+        });
+        assert_eq!(
+            missed_windows(&plan, at(15, 18, 0), chrono_tz::UTC, elsewhere),
+            0
+        );
+        plan.mark_running(&id, at(15, 18, 0));
+        assert_eq!(
+            missed_windows(&plan, at(15, 18, 0), chrono_tz::UTC, None),
+            0
+        );
     }
 }

@@ -22,7 +22,7 @@ use crate::model::{
     ActionDetail, ActionTemplate, Branch, BranchRule, Brand, BrandRule, Millis, PlanData, Rule,
 };
 
-pub use jobs::{JobSpec, JobStep, in_partition, job_spec, next_wake};
+pub use jobs::{JobSpec, JobStep, in_partition, job_spec, missed_windows, next_wake};
 pub use merge::{MergeOptions, MergeReport, NextRunChange, merge};
 pub use next_run::{PlanError, local_next_run_time, schedule_of};
 pub use ready::{NotReady, check_ready, ready, ready_in_partition};

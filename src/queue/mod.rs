@@ -24,6 +24,13 @@ pub enum DedupReason {
 }
 
 impl DedupReason {
+    pub const ALL: [DedupReason; 4] = [
+        DedupReason::Queued,
+        DedupReason::Active,
+        DedupReason::Recent,
+        DedupReason::Running,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             DedupReason::Queued => "queued",

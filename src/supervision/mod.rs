@@ -216,6 +216,7 @@ impl Actor for RootSupervisor {
             return Ok(());
         };
         state.alive.remove(&kind);
+        metrics::gauge!(m::ACTOR_ALIVE, "actor" => kind.as_str()).set(0.0);
         if state.shutting_down {
             return Ok(());
         }
@@ -300,6 +301,7 @@ impl SupervisorState {
         };
         self.children.insert(cell.get_id(), kind);
         self.alive.insert(kind, cell);
+        metrics::gauge!(m::ACTOR_ALIVE, "actor" => kind.as_str()).set(1.0);
         Ok(())
     }
 
