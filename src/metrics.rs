@@ -80,6 +80,7 @@ pub const DB_ERROR_OPS: &[&str] = &[
     "mark_running",
     "mark_scheduled",
     "outbox",
+    "recover_owner",
     "refresh",
     "renew_lock",
     "stale_owners",
