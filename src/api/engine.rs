@@ -21,6 +21,11 @@ use crate::schedule::{CronSchedule, Window, parse_timezone, preview};
 use crate::store::ExecutionFilter;
 use crate::store::rows::{BRANCH_RULES, BRANCHES, BRAND_RULES, RULES};
 
+/// 503 for an actor caught between a failure and its restart.
+fn restarting(actor: &str) -> ApiError {
+    ApiError::Unavailable(format!("the {actor} is restarting; try again"))
+}
+
 fn parse_id(what: &'static str, text: &str) -> ApiResult<Uuid> {
     Uuid::parse_str(text).map_err(|_| ApiError::not_found(what, text))
 }
@@ -81,10 +86,7 @@ pub async fn force_stop(
     Path(id): Path<String>,
 ) -> ApiResult<Json<Value>> {
     let (uuid, _) = branch_rule(&s, &id).await?;
-    let master = s
-        .directory()
-        .master()
-        .ok_or_else(|| ApiError::Unavailable("the master is restarting; try again".into()))?;
+    let master = s.directory().master().ok_or_else(|| restarting("master"))?;
     let outcome = ask(&master, |reply| MasterMsg::ForceStop {
         branch_rule_id: uuid,
         reply,
@@ -101,10 +103,7 @@ pub async fn force_stop(
 
 /// The branch rules ready to run now, as the plan sees them.
 pub async fn due(State(s): State<ApiState>) -> ApiResult<Json<Value>> {
-    let plan = s
-        .directory()
-        .plan()
-        .ok_or_else(|| ApiError::Unavailable("the plan is restarting; try again".into()))?;
+    let plan = s.directory().plan().ok_or_else(|| restarting("plan"))?;
     let ids = ask(&plan, PlanMsg::Ready).await?;
     let mut out = Vec::new();
     for id in ids {
@@ -321,10 +320,7 @@ pub async fn cancel_execution(
             execution.status.as_str()
         )));
     }
-    let master = s
-        .directory()
-        .master()
-        .ok_or_else(|| ApiError::Unavailable("the master is restarting; try again".into()))?;
+    let master = s.directory().master().ok_or_else(|| restarting("master"))?;
     let outcome = ask(&master, |reply| MasterMsg::Cancel {
         execution_id: uuid,
         reply,
@@ -344,10 +340,7 @@ pub async fn cancel_execution(
 // ---- plan and statistics ---------------------------------------------------
 
 pub async fn plan(State(s): State<ApiState>) -> ApiResult<Json<Value>> {
-    let actor = s
-        .directory()
-        .plan()
-        .ok_or_else(|| ApiError::Unavailable("the plan is restarting; try again".into()))?;
+    let actor = s.directory().plan().ok_or_else(|| restarting("plan"))?;
     let snapshot = ask(&actor, PlanMsg::Snapshot).await?;
     let mut value = serde_json::to_value(&snapshot).unwrap_or(Value::Null);
     // Action params live in the snapshot too.
@@ -356,27 +349,16 @@ pub async fn plan(State(s): State<ApiState>) -> ApiResult<Json<Value>> {
 }
 
 pub async fn plan_ready(State(s): State<ApiState>) -> ApiResult<Json<Value>> {
-    let actor = s
-        .directory()
-        .plan()
-        .ok_or_else(|| ApiError::Unavailable("the plan is restarting; try again".into()))?;
+    let actor = s.directory().plan().ok_or_else(|| restarting("plan"))?;
     let ids = ask(&actor, PlanMsg::Ready).await?;
     Ok(Json(json!({ "ready": ids })))
 }
 
 /// Seed 004's queue statistics, seed 000's writer status, the plan's size.
 pub async fn stats(State(s): State<ApiState>) -> ApiResult<Json<Value>> {
-    let unavailable =
-        |what: &str| ApiError::Unavailable(format!("the {what} is restarting; try again"));
-    let master = s
-        .directory()
-        .master()
-        .ok_or_else(|| unavailable("master"))?;
-    let writer = s
-        .directory()
-        .writer()
-        .ok_or_else(|| unavailable("writer"))?;
-    let plan = s.directory().plan().ok_or_else(|| unavailable("plan"))?;
+    let master = s.directory().master().ok_or_else(|| restarting("master"))?;
+    let writer = s.directory().writer().ok_or_else(|| restarting("writer"))?;
+    let plan = s.directory().plan().ok_or_else(|| restarting("plan"))?;
     let queue = ask(&master, MasterMsg::Stats).await?;
     let writer = ask(&writer, WriterMsg::Stats).await?;
     let plan = ask(&plan, PlanMsg::Stats).await?;
