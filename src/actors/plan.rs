@@ -107,25 +107,12 @@ impl Actor for PlanActor {
         let now = state.clock.now_ms();
         match message {
             PlanMsg::Ready(reply) => {
-                let ids = ready_in_partition(
-                    &state.plan,
-                    now,
-                    state.config.max_runs_per_tick,
-                    state.config.default_timezone,
-                    state.config.partition,
-                );
-                let _ = reply.send(ids);
+                let _ = reply.send(state.ready_now(now));
             }
             PlanMsg::ReadyJobs(reply) => {
                 let config = &state.config;
                 let zone = config.default_timezone;
-                let ready = ready_in_partition(
-                    &state.plan,
-                    now,
-                    config.max_runs_per_tick,
-                    zone,
-                    config.partition,
-                );
+                let ready = state.ready_now(now);
                 metrics::gauge!(m::PLAN_READY_WORKFLOWS).set(ready.len() as f64);
                 let jobs = ready
                     .iter()
@@ -243,6 +230,18 @@ impl Actor for PlanActor {
 }
 
 impl PlanState {
+    /// This instance's ready set, at most MAX_RUNS_PER_TICK, in due order.
+    fn ready_now(&self, now: Millis) -> Vec<uuid::Uuid> {
+        let config = &self.config;
+        ready_in_partition(
+            &self.plan,
+            now,
+            config.max_runs_per_tick,
+            config.default_timezone,
+            config.partition,
+        )
+    }
+
     fn merge(&mut self, data: crate::model::PlanData, now: Millis) -> MergeReport {
         let options = MergeOptions {
             first_refresh: !self.merged_once,
@@ -271,17 +270,10 @@ impl PlanState {
     /// (the master's fetches also set the ready gauge). Both walk only the
     /// due part of the index.
     fn publish_readiness(&self, now: Millis) {
-        let config = &self.config;
-        let zone = config.default_timezone;
-        let ready = ready_in_partition(
-            &self.plan,
-            now,
-            config.max_runs_per_tick,
-            zone,
-            config.partition,
-        );
+        let ready = self.ready_now(now);
         metrics::gauge!(m::PLAN_READY_WORKFLOWS).set(ready.len() as f64);
-        let missed = missed_windows(&self.plan, now, zone, config.partition);
+        let config = &self.config;
+        let missed = missed_windows(&self.plan, now, config.default_timezone, config.partition);
         metrics::gauge!(m::PLAN_MISSED_WINDOW_WORKFLOWS).set(missed as f64);
     }
 
