@@ -247,10 +247,11 @@ async fn a_master_restarted_while_throttled_stays_throttled() {
     let running = start(&db, &feed, 2).await;
     let service = &running.service;
     eventually(DEADLINE, "the guard throttles", || throttled(service)).await;
-    let master = service.directory().master().unwrap();
-    master
-        .cast(MasterMsg::InjectPanic("test: master panics".into()))
-        .unwrap();
+    assert!(
+        service
+            .directory()
+            .inject_panic(ActorKind::Master, "test: master panics")
+    );
     eventually(DEADLINE, "the master was restarted", || async {
         restarts(service, ActorKind::Master).await == 1 && service.directory().master().is_some()
     })
