@@ -251,12 +251,17 @@ impl Service {
 
     /// Waits for SIGTERM, SIGINT or an escalation.
     pub async fn wait(&mut self) -> Result<StopCause, ServiceError> {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut terminate = signal(SignalKind::terminate()).map_err(ServiceError::Signal)?;
-        let mut interrupt = signal(SignalKind::interrupt()).map_err(ServiceError::Signal)?;
+        self.wait_with(&mut StopSignals::listen()?).await
+    }
+
+    /// Waits for one of `signals` (including one that arrived before this
+    /// call) or an escalation.
+    pub async fn wait_with(
+        &mut self,
+        signals: &mut StopSignals,
+    ) -> Result<StopCause, ServiceError> {
         Ok(tokio::select! {
-            _ = terminate.recv() => StopCause::Signal("SIGTERM"),
-            _ = interrupt.recv() => StopCause::Signal("SIGINT"),
+            signal = signals.recv() => StopCause::Signal(signal),
             Some(escalation) = self.escalations.recv() => StopCause::Escalated(escalation),
         })
     }
@@ -384,13 +389,42 @@ fn process_alive(pid: i64) -> bool {
     rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
+/// SIGTERM and SIGINT, caught from the moment this is created: a signal
+/// that arrives before anyone waits is kept, not lost to the default action
+/// (which would kill the process with no marker).
+pub struct StopSignals {
+    terminate: tokio::signal::unix::Signal,
+    interrupt: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    pub fn listen() -> Result<StopSignals, ServiceError> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(StopSignals {
+            terminate: signal(SignalKind::terminate()).map_err(ServiceError::Signal)?,
+            interrupt: signal(SignalKind::interrupt()).map_err(ServiceError::Signal)?,
+        })
+    }
+
+    /// The name of the next signal.
+    pub async fn recv(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.terminate.recv() => "SIGTERM",
+            _ = self.interrupt.recv() => "SIGINT",
+        }
+    }
+}
+
 /// `ruled serve`: runs until a signal (exit 0) or an escalation (error).
 pub async fn serve(config: Config, options: ServiceOptions) -> Result<(), ServiceError> {
+    // Before start-up, which takes a while (migrations, recovery, the first
+    // plan read): a stop requested meanwhile is graceful too.
+    let mut signals = StopSignals::listen()?;
     let mut service = Service::start_with(config, Clock::system(), options).await?;
     if let Some(kind) = chaos_panic_drill()? {
         service.start_panic_drill(kind);
     }
-    match service.wait().await? {
+    match service.wait_with(&mut signals).await? {
         StopCause::Signal(signal) => service.shutdown(signal).await,
         StopCause::Escalated(escalation) => {
             error!("🚨 Exiting so the process supervisor restarts ruled: {escalation}");

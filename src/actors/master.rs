@@ -26,7 +26,9 @@ use crate::metrics as m;
 use crate::model::{ExecutionStatus, Millis};
 use crate::plan::JobSpec;
 use crate::queue::{DedupReason, JobQueue};
-use crate::store::{Claim, ClaimRequest, Fence, Finish, Store, Transition, TransitionBatcher};
+use crate::store::{
+    Claim, ClaimRequest, Fence, Finish, Store, Transition, TransitionBatcher, new_execution_id,
+};
 use crate::supervision::Directory;
 
 pub struct MasterActor;
@@ -339,7 +341,7 @@ impl MasterState {
                 holder: holder.clone(),
                 now,
                 lock_timeout_ms,
-                execution_id: Uuid::new_v4(),
+                execution_id: new_execution_id(now),
                 run_now: false,
             };
             let batcher = self.args.batcher.clone();

@@ -17,6 +17,7 @@ use crate::plan::{
     ExecutionPlan, MergeOptions, MergeReport, PlanStats, job_spec, local_next_run_time, merge,
     missed_windows, next_wake, ready_in_partition,
 };
+use crate::schedule::ScheduleCache;
 use crate::supervision::Directory;
 
 pub struct PlanActor;
@@ -39,6 +40,7 @@ pub struct PlanState {
     dirty: bool,
     flush_scheduled: bool,
     last_enqueued_at: Option<Millis>,
+    schedules: ScheduleCache,
 }
 
 impl Actor for PlanActor {
@@ -92,6 +94,7 @@ impl Actor for PlanActor {
             dirty: false,
             flush_scheduled: false,
             last_enqueued_at: None,
+            schedules: ScheduleCache::default(),
         };
         publish_gauges(&state.plan.stats(state.clock.now_ms()));
         state.publish_readiness(state.clock.now_ms());
@@ -116,7 +119,7 @@ impl Actor for PlanActor {
                 metrics::gauge!(m::PLAN_READY_WORKFLOWS).set(ready.len() as f64);
                 let jobs = ready
                     .iter()
-                    .filter_map(|id| job_spec(&state.plan, id, zone))
+                    .filter_map(|id| job_spec(&state.plan, id, zone, &mut state.schedules))
                     .collect();
                 let next_wake = next_wake(&state.plan, now, zone, config.partition);
                 let _ = reply.send(ReadyJobs { jobs, next_wake });
@@ -164,8 +167,13 @@ impl Actor for PlanActor {
                 state.notify_master();
             }
             PlanMsg::ComputeNextRunLocally { id, after, reply } => {
-                let result =
-                    local_next_run_time(&state.plan, &id, after, state.config.default_timezone);
+                let result = local_next_run_time(
+                    &state.plan,
+                    &id,
+                    after,
+                    state.config.default_timezone,
+                    &mut state.schedules,
+                );
                 if let Ok(next) = result {
                     let before = state
                         .plan

@@ -8,7 +8,7 @@ use super::{ExecutionPlan, NotReady, check_ready, schedule_of};
 use crate::clock::millis_to_utc;
 use crate::config::Partition;
 use crate::model::{ActionDetail, ActionTemplate, BranchRule, Millis};
-use crate::schedule::{CronSchedule, Window, next_window_open};
+use crate::schedule::{CronSchedule, ScheduleCache, Window, next_window_open};
 
 /// One action of a job: the detail and its template, in position order.
 #[derive(Debug, Clone, PartialEq)]
@@ -38,7 +38,12 @@ pub fn in_partition(id: &Uuid, partition: Option<Partition>) -> bool {
 }
 
 /// The job spec of one workflow, if the plan has it.
-pub fn job_spec(plan: &ExecutionPlan, id: &Uuid, default_zone: Tz) -> Option<JobSpec> {
+pub fn job_spec(
+    plan: &ExecutionPlan,
+    id: &Uuid,
+    default_zone: Tz,
+    schedules: &mut ScheduleCache,
+) -> Option<JobSpec> {
     let workflow = plan.get(id)?;
     let steps = plan.has_all_action_details(id).then(|| {
         plan.action_details(id)
@@ -52,7 +57,7 @@ pub fn job_spec(plan: &ExecutionPlan, id: &Uuid, default_zone: Tz) -> Option<Job
     Some(JobSpec {
         branch_rule: workflow.branch_rule.clone(),
         steps,
-        schedule: schedule_of(plan, id, default_zone).map_err(|e| e.to_string()),
+        schedule: schedule_of(plan, id, default_zone, schedules).map_err(|e| e.to_string()),
     })
 }
 
@@ -139,6 +144,10 @@ mod tests {
 
     const NOW: Millis = 1_800_000_000_000;
 
+    fn spec_of(plan: &ExecutionPlan, id: &Uuid) -> Option<JobSpec> {
+        job_spec(plan, id, chrono_tz::UTC, &mut ScheduleCache::default())
+    }
+
     #[test]
     fn partitions_split_ids_stably() {
         let ids: Vec<Uuid> = (0..300u128).map(Uuid::from_u128).collect();
@@ -176,7 +185,7 @@ mod tests {
         data.action_templates.push(template.clone());
         data.action_details = vec![detail(0x21, 2), detail(0x20, 1)];
         let plan = ExecutionPlan::from_data(data);
-        let spec = job_spec(&plan, &fixture.workflow_id, chrono_tz::UTC).unwrap();
+        let spec = spec_of(&plan, &fixture.workflow_id).unwrap();
         let steps = spec.steps.unwrap();
         let positions: Vec<i32> = steps.iter().map(|s| s.detail.position).collect();
         assert_eq!(positions, vec![1, 2]);
@@ -215,7 +224,7 @@ mod tests {
         assert!(plan.has_all_action_details(&Uuid::from_u128(0xA1)));
         assert!(!plan.has_all_action_details(&Uuid::from_u128(0xA2)));
         assert!(
-            job_spec(&plan, &fixture.workflow_id, chrono_tz::UTC)
+            spec_of(&plan, &fixture.workflow_id)
                 .unwrap()
                 .steps
                 .is_none()
@@ -226,7 +235,7 @@ mod tests {
             ..options
         };
         merge(&mut plan, data, NOW, options);
-        let spec = job_spec(&plan, &fixture.workflow_id, chrono_tz::UTC).unwrap();
+        let spec = spec_of(&plan, &fixture.workflow_id).unwrap();
         assert_eq!(
             spec.steps.unwrap().len(),
             0,

@@ -7,7 +7,7 @@ use uuid::Uuid;
 
 use super::ExecutionPlan;
 use crate::model::Millis;
-use crate::schedule::{CronSchedule, ScheduleError, next_after_millis};
+use crate::schedule::{CronSchedule, ScheduleCache, ScheduleError, next_after_millis};
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum PlanError {
@@ -30,6 +30,7 @@ pub fn schedule_of(
     plan: &ExecutionPlan,
     workflow_id: &Uuid,
     default_zone: Tz,
+    schedules: &mut ScheduleCache,
 ) -> Result<(CronSchedule, Tz), PlanError> {
     let workflow = plan
         .get(workflow_id)
@@ -50,10 +51,12 @@ pub fn schedule_of(
             workflow_id: *workflow_id,
             reason: reason.to_string(),
         })?;
-    let schedule = CronSchedule::parse(expression).map_err(|source| PlanError::Schedule {
-        workflow_id: *workflow_id,
-        source,
-    })?;
+    let schedule = schedules
+        .parse(expression)
+        .map_err(|source| PlanError::Schedule {
+            workflow_id: *workflow_id,
+            source,
+        })?;
     Ok((schedule, zone))
 }
 
@@ -64,8 +67,9 @@ pub fn local_next_run_time(
     workflow_id: &Uuid,
     after: Millis,
     default_zone: Tz,
+    schedules: &mut ScheduleCache,
 ) -> Result<Millis, PlanError> {
-    let (schedule, zone) = schedule_of(plan, workflow_id, default_zone)?;
+    let (schedule, zone) = schedule_of(plan, workflow_id, default_zone, schedules)?;
     next_after_millis(&schedule, zone, after).map_err(|source| PlanError::Schedule {
         workflow_id: *workflow_id,
         source,
@@ -97,6 +101,7 @@ mod tests {
             &fixture.workflow_id,
             utc_ms(2026, 6, 1, 0, 0),
             chrono_tz::Asia::Riyadh,
+            &mut ScheduleCache::default(),
         );
         assert_eq!(next, Ok(utc_ms(2026, 6, 1, 23, 30)));
     }
@@ -123,6 +128,7 @@ mod tests {
             &fixture.workflow_id,
             utc_ms(2026, 6, 1, 0, 0),
             chrono_tz::Asia::Riyadh,
+            &mut ScheduleCache::default(),
         );
         // 09:00 EDT is 13:00 UTC.
         assert_eq!(next, Ok(utc_ms(2026, 6, 1, 13, 0)));
@@ -133,12 +139,25 @@ mod tests {
         let mut fixture = Fixture::due(0);
         fixture.rule.cron_expression = "61 * * * *".into();
         let plan = fixture.plan();
-        let err = local_next_run_time(&plan, &fixture.workflow_id, 0, chrono_tz::UTC).unwrap_err();
+        let err = local_next_run_time(
+            &plan,
+            &fixture.workflow_id,
+            0,
+            chrono_tz::UTC,
+            &mut ScheduleCache::default(),
+        )
+        .unwrap_err();
         assert!(matches!(err, PlanError::Schedule { .. }));
         assert!(err.to_string().contains(&fixture.workflow_id.to_string()));
         let unknown = Uuid::from_u128(7);
         assert_eq!(
-            local_next_run_time(&plan, &unknown, 0, chrono_tz::UTC),
+            local_next_run_time(
+                &plan,
+                &unknown,
+                0,
+                chrono_tz::UTC,
+                &mut ScheduleCache::default()
+            ),
             Err(PlanError::UnknownWorkflow(unknown))
         );
     }

@@ -16,6 +16,7 @@
 //! 02:30 run on spring-forward day. Fixed-time expressions therefore walk
 //! wall-clock time with croner and resolve each match in the zone here.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
 
@@ -148,6 +149,33 @@ impl CronSchedule {
     }
 }
 
+/// Parsed schedules by expression. A burst of jobs shares a handful of
+/// expressions, and parsing one costs far more than copying it: the plan
+/// parses each expression once instead of once per job.
+#[derive(Debug, Default)]
+pub struct ScheduleCache {
+    parsed: HashMap<String, Result<CronSchedule, ScheduleError>>,
+}
+
+/// Distinct expressions kept before the cache starts over, so a plan with
+/// ever-new expressions cannot grow it without bound.
+const SCHEDULE_CACHE_LIMIT: usize = 1024;
+
+impl ScheduleCache {
+    /// [`CronSchedule::parse`], remembered.
+    pub fn parse(&mut self, expression: &str) -> Result<CronSchedule, ScheduleError> {
+        if let Some(parsed) = self.parsed.get(expression) {
+            return parsed.clone();
+        }
+        if self.parsed.len() >= SCHEDULE_CACHE_LIMIT {
+            self.parsed.clear();
+        }
+        let parsed = CronSchedule::parse(expression);
+        self.parsed.insert(expression.to_string(), parsed.clone());
+        parsed
+    }
+}
+
 impl fmt::Debug for CronSchedule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_tuple("CronSchedule")
@@ -216,6 +244,36 @@ pub fn next_after_millis(
 mod tests {
     use super::*;
     use chrono::TimeDelta;
+
+    #[test]
+    fn the_schedule_cache_answers_as_parse_does_and_stays_bounded() {
+        let mut cache = ScheduleCache::default();
+        for _ in 0..2 {
+            assert_eq!(
+                cache.parse("*/15 * * * *"),
+                CronSchedule::parse("*/15 * * * *")
+            );
+            assert_eq!(cache.parse("0 0 30 2 *"), CronSchedule::parse("0 0 30 2 *"));
+            assert!(matches!(
+                cache.parse("61 * * * *"),
+                Err(ScheduleError::InvalidCron { .. })
+            ));
+        }
+        assert_eq!(cache.parsed.len(), 3);
+        for minute in 0..60 {
+            for hour in 0..24 {
+                cache.parse(&format!("{minute} {hour} * * *")).unwrap();
+            }
+        }
+        assert!(cache.parsed.len() <= SCHEDULE_CACHE_LIMIT);
+        let again = cache.parse("5 5 * * *").unwrap();
+        assert_eq!(
+            again.next_after(chrono_tz::UTC, Utc.timestamp_opt(0, 0).unwrap()),
+            CronSchedule::parse("5 5 * * *")
+                .unwrap()
+                .next_after(chrono_tz::UTC, Utc.timestamp_opt(0, 0).unwrap())
+        );
+    }
 
     /// For single-valued fixed times croner applies our DST rules natively;
     /// our wall-clock walk must agree with it wherever both apply.

@@ -39,7 +39,7 @@ mod preview;
 mod window;
 mod zone;
 
-pub use cron::{CronSchedule, next_after, next_after_millis};
+pub use cron::{CronSchedule, ScheduleCache, next_after, next_after_millis};
 pub use preview::preview;
 pub use window::{TimeOfDay, Window, window_contains};
 pub use zone::{local_time_of_day, next_window_open, parse_timezone};

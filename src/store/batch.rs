@@ -8,7 +8,9 @@
 //! own fence and status guard, so batching changes when writes commit, never
 //! what they do; the transitions of one kind run as set-based statements
 //! (`grouped`), and one by one (`claims`) when a statement fails, to find
-//! the transition at fault.
+//! the transition at fault. On SQLite the set-based statements run on the
+//! connection's own handle, on a blocking thread (`direct`); PostgreSQL runs
+//! them through sqlx.
 //!
 //! There is no flush timer: the task starts a transaction as soon as it has
 //! anything and takes whatever queued up meanwhile (up to the bound) into
@@ -27,10 +29,9 @@ use tokio::sync::{mpsc, oneshot};
 use super::claims::postgres as postgres_ops;
 use super::claims::sqlite as sqlite_ops;
 use super::claims::{SQLITE_BEGIN_WRITE, end_tx};
+use super::direct::{DirectFailure, WriterConn};
 use super::executions::{Claim, ClaimRequest, Fence, Finish};
-use super::grouped::ItemResult;
-use super::grouped::postgres as postgres_grouped;
-use super::grouped::sqlite as sqlite_grouped;
+use super::grouped::{ItemResult, apply_grouped};
 use super::{Store, StoreError};
 use crate::model::{BranchRule, Millis};
 
@@ -186,7 +187,9 @@ pub struct PendingTransition {
 
 impl PendingTransition {
     pub async fn outcome(self) -> Result<TransitionOutcome, BatchError> {
-        self.answer.await.unwrap_or_else(|_| Err(closed()))
+        self.answer
+            .await
+            .unwrap_or_else(|_| Err(Arc::new(closed())))
     }
 
     /// The outcome of a Scheduled, Running or RenewLock transition.
@@ -199,11 +202,11 @@ impl PendingTransition {
 }
 
 /// The task is gone: the runtime is shutting down or the store was closed.
-fn closed() -> BatchError {
-    Arc::new(StoreError::Query {
+fn closed() -> StoreError {
+    StoreError::Query {
         op: "transition batch",
         error: sqlx::Error::PoolClosed,
-    })
+    }
 }
 
 async fn run(store: Store, mut receiver: mpsc::Receiver<Request>, max_batch: usize) {
@@ -311,7 +314,7 @@ enum Mode {
 /// since; taking whichever pooled connection is free meant re-reading the
 /// hot pages from the file on almost every batch.
 enum Conn {
-    Sqlite(PoolConnection<Sqlite>),
+    Sqlite(WriterConn),
     Postgres(PoolConnection<Postgres>),
 }
 
@@ -327,13 +330,13 @@ const SQLITE_WRITER_PRAGMAS: &str =
 
 async fn tune_sqlite(
     conn: Result<PoolConnection<Sqlite>, sqlx::Error>,
-) -> Result<PoolConnection<Sqlite>, sqlx::Error> {
+) -> Result<WriterConn, sqlx::Error> {
     let mut conn = conn?;
     conn.close_on_drop();
     sqlx::raw_sql(SQLITE_WRITER_PRAGMAS)
         .execute(&mut *conn)
         .await?;
-    Ok(conn)
+    Ok(WriterConn::new(conn))
 }
 
 struct Writer {
@@ -426,39 +429,37 @@ impl Writer {
         batch: &[Request],
         mode: Mode,
     ) -> Result<Vec<ItemResult>, Failure> {
-        macro_rules! apply_all {
-            ($ops:ident, $grouped:ident, $tx:ident) => {{
-                let results = match mode {
-                    Mode::Grouped => {
-                        let transitions: Vec<&Transition> =
-                            batch.iter().map(|request| &request.transition).collect();
-                        match $grouped::apply_grouped(&mut $tx, &transitions).await {
-                            Ok(results) => results,
-                            Err(error) => {
-                                // PostgreSQL has aborted the transaction;
-                                // SQLite may hold part of the batch. None of
-                                // it stays.
-                                let _ = end_tx($tx, false).await;
-                                return Err(Failure::Group(error));
-                            }
+        /// Runs `$apply` for the batch inside `$tx` and ends the
+        /// transaction: committed if everything ran, rolled back (none of
+        /// it stays) at the first error.
+        macro_rules! in_tx {
+            ($tx:ident, $apply:expr) => {{
+                match $apply {
+                    Ok(results) => {
+                        end_tx($tx, true).await.map_err(Failure::Transaction)?;
+                        Ok(results)
+                    }
+                    Err(failure) => {
+                        let _ = end_tx($tx, false).await;
+                        Err(failure)
+                    }
+                }
+            }};
+        }
+        macro_rules! one_by_one {
+            ($ops:ident, $tx:ident) => {{
+                let mut results = Vec::with_capacity(batch.len());
+                let mut failure = None;
+                for (index, request) in batch.iter().enumerate() {
+                    match $ops::apply(&mut $tx, &request.transition).await {
+                        Ok(outcome) => results.push(Ok(outcome)),
+                        Err(error) => {
+                            failure = Some(Failure::Item { index, error });
+                            break;
                         }
                     }
-                    Mode::OneByOne => {
-                        let mut results = Vec::with_capacity(batch.len());
-                        for (index, request) in batch.iter().enumerate() {
-                            match $ops::apply(&mut $tx, &request.transition).await {
-                                Ok(outcome) => results.push(Ok(outcome)),
-                                Err(error) => {
-                                    let _ = end_tx($tx, false).await;
-                                    return Err(Failure::Item { index, error });
-                                }
-                            }
-                        }
-                        results
-                    }
-                };
-                end_tx($tx, true).await.map_err(Failure::Transaction)?;
-                Ok(results)
+                }
+                failure.map_or(Ok(results), Err)
             }};
         }
         let op = "begin transition batch";
@@ -472,24 +473,73 @@ impl Writer {
                     .map_err(Failure::Transaction)?,
             );
         }
-        match self.conn.as_mut() {
-            Some(Conn::Sqlite(conn)) => {
+        let transitions = || batch.iter().map(|request| &request.transition);
+        match (self.conn.as_mut(), mode) {
+            (Some(Conn::Sqlite(_)), Mode::Grouped) => {
+                self.run_sqlite_direct(transitions().cloned().collect())
+                    .await
+            }
+            (Some(Conn::Sqlite(conn)), Mode::OneByOne) => {
                 let mut tx = conn
+                    .sqlx()
                     .begin_with(SQLITE_BEGIN_WRITE)
                     .await
                     .map_err(StoreError::query(op))
                     .map_err(Failure::Transaction)?;
-                apply_all!(sqlite_ops, sqlite_grouped, tx)
+                in_tx!(tx, one_by_one!(sqlite_ops, tx))
             }
-            Some(Conn::Postgres(conn)) => {
+            (Some(Conn::Postgres(conn)), mode) => {
                 let mut tx = conn
                     .begin()
                     .await
                     .map_err(StoreError::query(op))
                     .map_err(Failure::Transaction)?;
-                apply_all!(postgres_ops, postgres_grouped, tx)
+                match mode {
+                    Mode::Grouped => {
+                        let transitions: Vec<&Transition> = transitions().collect();
+                        // PostgreSQL has aborted the transaction after a
+                        // failed statement; rolled back either way.
+                        in_tx!(
+                            tx,
+                            apply_grouped(&mut *tx, &transitions)
+                                .await
+                                .map_err(Failure::Group)
+                        )
+                    }
+                    Mode::OneByOne => in_tx!(tx, one_by_one!(postgres_ops, tx)),
+                }
             }
-            None => unreachable!("acquired above"),
+            (None, _) => unreachable!("acquired above"),
         }
+    }
+
+    /// The grouped batch on the SQLite connection's own handle (`direct`),
+    /// on a blocking thread: SQLite works, and may wait for the write lock,
+    /// there rather than on the runtime.
+    async fn run_sqlite_direct(
+        &mut self,
+        transitions: Vec<Transition>,
+    ) -> Result<Vec<ItemResult>, Failure> {
+        let Some(Conn::Sqlite(mut conn)) = self.conn.take() else {
+            unreachable!("called with a SQLite connection")
+        };
+        let runtime = tokio::runtime::Handle::current();
+        let joined = tokio::task::spawn_blocking(move || {
+            let transitions: Vec<&Transition> = transitions.iter().collect();
+            let outcome = runtime.block_on(conn.run_grouped(&transitions));
+            (conn, outcome)
+        })
+        .await;
+        let (conn, outcome) = match joined {
+            Ok(done) => done,
+            Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+            // The runtime is shutting down; the connection went with it.
+            Err(_) => return Err(Failure::Transaction(closed())),
+        };
+        self.conn = Some(Conn::Sqlite(conn));
+        outcome.map_err(|failure| match failure {
+            DirectFailure::Group(error) => Failure::Group(error),
+            DirectFailure::Transaction(error) => Failure::Transaction(error),
+        })
     }
 }

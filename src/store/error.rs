@@ -69,6 +69,15 @@ pub enum StoreError {
         error: sqlx::Error,
     },
 
+    /// A statement on the SQLite writer's own handle (`direct`) failed.
+    /// `code` is SQLite's extended result code.
+    #[error("{op} failed: {message}")]
+    Sqlite {
+        op: &'static str,
+        code: Option<i32>,
+        message: String,
+    },
+
     /// A stored value that does not fit the model: the row is named so an
     /// operator can fix it by hand.
     #[error("cannot decode {table}.{column} of row {id}: {message}")]
@@ -131,6 +140,9 @@ impl StoreError {
     /// Callers keep pending writes (the outbox) on these and drop them on
     /// anything else.
     pub fn is_transient(&self) -> bool {
+        if let StoreError::Sqlite { code, .. } = self {
+            return code.is_some_and(sqlite_busy_or_locked);
+        }
         let Some(error) = self.sqlx_error() else {
             return false;
         };
@@ -146,10 +158,7 @@ impl StoreError {
                     return false;
                 };
                 if db.try_downcast_ref::<SqliteError>().is_some() {
-                    // Extended result codes: the low byte is the primary code,
-                    // SQLITE_BUSY (5) or SQLITE_LOCKED (6) in all their variants.
-                    code.parse::<i32>()
-                        .is_ok_and(|code| matches!(code & 0xff, 5 | 6))
+                    code.parse::<i32>().is_ok_and(sqlite_busy_or_locked)
                 } else {
                     // SQLSTATE: connection exceptions (08), serialization
                     // failure, deadlock, server shutting down or full.
@@ -163,6 +172,12 @@ impl StoreError {
             _ => false,
         }
     }
+}
+
+/// Extended result codes: the low byte is the primary code, SQLITE_BUSY (5)
+/// or SQLITE_LOCKED (6) in all their variants.
+fn sqlite_busy_or_locked(code: i32) -> bool {
+    matches!(code & 0xff, 5 | 6)
 }
 
 #[cfg(test)]

@@ -1,12 +1,13 @@
 //! Set-based statements for the batcher: the transitions of one kind in a
 //! batch run as one statement per chunk instead of one statement each.
 //!
-//! With sqlx every statement is a round trip to the connection's worker
-//! thread (SQLite) or the server (PostgreSQL); at thousands of transitions a
-//! second those round trips, not the writes, are the cost. Each row still
-//! carries its own fence and status guard in the join, and RETURNING tells
-//! which rows matched, so every caller gets exactly the answer the
-//! one-statement path (`claims`) gives it.
+//! A statement is a round trip to the server (PostgreSQL) or a hand-over to
+//! another thread (SQLite, see `direct`); at thousands of transitions a
+//! second those, not the writes, are the cost. The statements are written
+//! once, for any [`GroupedConn`]. Each row still carries its own fence and
+//! status guard in the join, and RETURNING tells which rows matched, so
+//! every caller gets exactly the answer the one-statement path (`claims`)
+//! gives it.
 //!
 //! Statements are built from fixed text and placeholders only; every value
 //! is bound. Chunk sizes are powers of two so each connection's statement
@@ -18,10 +19,14 @@ use uuid::Uuid;
 
 use super::StoreError;
 use super::batch::{Transition, TransitionOutcome};
+use super::binds::{Bind, bound_query};
+use super::decode::{AnyRow, id_text};
 use super::executions::{
-    Claim, ClaimRequest, Fence, Finish, branch_rule_columns, execution_columns, open_statuses,
-    touch_branch_rule,
+    Claim, ClaimRequest, Fence, Finish, branch_rule_columns, decode_execution, error_text,
+    execution_columns, open_statuses, output_text, touch_branch_rule,
 };
+use super::workflows::decode_branch_rule;
+use crate::model::BranchRule;
 
 pub(super) type ItemResult = Result<TransitionOutcome, StoreError>;
 
@@ -238,277 +243,297 @@ pub(super) fn sort_round(
     round
 }
 
+/// A connection the set-based statements run on: PostgreSQL's through
+/// sqlx, or the SQLite writer's direct handle (`direct`). Each call runs
+/// one statement and returns its rows.
+pub(super) trait GroupedConn {
+    type Row: AnyRow;
+
+    async fn fetch(
+        &mut self,
+        op: &'static str,
+        sql: String,
+        binds: Vec<Bind>,
+    ) -> Result<Vec<Self::Row>, StoreError>;
+}
+
+impl GroupedConn for sqlx::PgConnection {
+    type Row = sqlx::postgres::PgRow;
+
+    async fn fetch(
+        &mut self,
+        op: &'static str,
+        sql: String,
+        binds: Vec<Bind>,
+    ) -> Result<Vec<Self::Row>, StoreError> {
+        bound_query!(sql, binds)
+            .fetch_all(self)
+            .await
+            .map_err(StoreError::query(op))
+    }
+}
+
 /// Runs every transition of a batch with set-based statements on one
 /// connection, inside a transaction the caller owns. `Err` means a
 /// statement failed: the transaction must be rolled back, and the caller
 /// finds the culprit by running the transitions one by one.
-macro_rules! grouped_ops {
-    ($conn_type:ty) => {
-        use super::*;
-        use crate::store::decode::{AnyRow, id_text};
-        use crate::store::executions::{decode_execution, error_text, output_text};
-        use crate::store::workflows::decode_branch_rule;
-        use sqlx::AssertSqlSafe;
-
-        type Conn = $conn_type;
-
-        pub(in crate::store) async fn apply_grouped(
-            conn: &mut Conn,
-            transitions: &[&Transition],
-        ) -> Result<Vec<ItemResult>, StoreError> {
-            let mut results: Vec<Option<ItemResult>> = transitions.iter().map(|_| None).collect();
-            for indices in rounds(transitions) {
-                let round = sort_round(transitions, &indices, &mut results);
-                for chunk in chunks(&round.claims) {
-                    claim_many(conn, transitions, chunk, &mut results).await?;
-                }
-                for chunk in chunks(&round.scheduled) {
-                    let sql = mark_sql("requested", "scheduled", "scheduled_at", chunk.len());
-                    mark_many(conn, sql, transitions, chunk, &mut results).await?;
-                }
-                for chunk in chunks(&round.running) {
-                    let sql = mark_sql("scheduled", "running", "started_at", chunk.len());
-                    mark_many(conn, sql, transitions, chunk, &mut results).await?;
-                }
-                for chunk in chunks(&round.renewals) {
-                    renew_many(conn, transitions, chunk, &mut results).await?;
-                }
-                for chunk in chunks(&round.finishes) {
-                    finish_many(conn, transitions, chunk, &mut results).await?;
-                }
-            }
-            Ok(results
-                .into_iter()
-                .map(|result| result.expect("every transition answered"))
-                .collect())
+pub(super) async fn apply_grouped<C: GroupedConn>(
+    conn: &mut C,
+    transitions: &[&Transition],
+) -> Result<Vec<ItemResult>, StoreError> {
+    let mut results: Vec<Option<ItemResult>> = transitions.iter().map(|_| None).collect();
+    for indices in rounds(transitions) {
+        let round = sort_round(transitions, &indices, &mut results);
+        for chunk in chunks(&round.claims) {
+            claim_many(conn, transitions, chunk, &mut results).await?;
         }
-
-        async fn returned_ids(
-            conn: &mut Conn,
-            op: &'static str,
-            query: sqlx::query::Query<'_, Db, Args>,
-        ) -> Result<HashSet<String>, StoreError> {
-            let rows = query
-                .fetch_all(&mut *conn)
-                .await
-                .map_err(StoreError::query(op))?;
-            rows.iter()
-                .map(|row| {
-                    row.text("id")
-                        .map_err(StoreError::query(op))
-                        .map(Option::unwrap_or_default)
-                })
-                .collect()
+        for chunk in chunks(&round.scheduled) {
+            let sql = mark_sql("requested", "scheduled", "scheduled_at", chunk.len());
+            mark_many(conn, sql, transitions, chunk, &mut results).await?;
         }
-
-        async fn mark_many(
-            conn: &mut Conn,
-            sql: String,
-            transitions: &[&Transition],
-            chunk: &[usize],
-            results: &mut [Option<ItemResult>],
-        ) -> Result<(), StoreError> {
-            let mut query = sqlx::query(AssertSqlSafe(sql));
-            for &index in chunk {
-                let (fence, now) = fence_and_now(transitions[index]);
-                query = query
-                    .bind(id_text(fence.execution_id))
-                    .bind(id_text(fence.branch_rule_id))
-                    .bind(fence.holder.as_str())
-                    .bind(fence.epoch)
-                    .bind(now);
-            }
-            let marked = returned_ids(conn, "mark executions", query).await?;
-            for &index in chunk {
-                let (fence, _) = fence_and_now(transitions[index]);
-                let applied = marked.contains(&id_text(fence.execution_id));
-                results[index] = Some(Ok(TransitionOutcome::Applied(applied)));
-            }
-            Ok(())
+        for chunk in chunks(&round.running) {
+            let sql = mark_sql("scheduled", "running", "started_at", chunk.len());
+            mark_many(conn, sql, transitions, chunk, &mut results).await?;
         }
-
-        async fn renew_many(
-            conn: &mut Conn,
-            transitions: &[&Transition],
-            chunk: &[usize],
-            results: &mut [Option<ItemResult>],
-        ) -> Result<(), StoreError> {
-            let mut query = sqlx::query(AssertSqlSafe(renew_sql(chunk.len())));
-            for &index in chunk {
-                let (fence, now) = fence_and_now(transitions[index]);
-                query = query
-                    .bind(id_text(fence.branch_rule_id))
-                    .bind(fence.holder.as_str())
-                    .bind(fence.epoch)
-                    .bind(now);
-            }
-            let renewed = returned_ids(conn, "renew locks", query).await?;
-            for &index in chunk {
-                let (fence, _) = fence_and_now(transitions[index]);
-                let applied = renewed.contains(&id_text(fence.branch_rule_id));
-                results[index] = Some(Ok(TransitionOutcome::Applied(applied)));
-            }
-            Ok(())
+        for chunk in chunks(&round.renewals) {
+            renew_many(conn, transitions, chunk, &mut results).await?;
         }
+        for chunk in chunks(&round.finishes) {
+            finish_many(conn, transitions, chunk, &mut results).await?;
+        }
+    }
+    Ok(results
+        .into_iter()
+        .map(|result| result.expect("every transition answered"))
+        .collect())
+}
 
-        async fn claim_many(
-            conn: &mut Conn,
-            transitions: &[&Transition],
-            chunk: &[usize],
-            results: &mut [Option<ItemResult>],
-        ) -> Result<(), StoreError> {
-            let op = "claim branch_rules";
-            let mut query = sqlx::query(AssertSqlSafe(claim_sql(chunk.len())));
-            for &index in chunk {
-                let req = claim_request(transitions[index]);
-                query = query
-                    .bind(id_text(req.branch_rule_id))
-                    .bind(req.holder.as_str())
-                    .bind(req.now)
-                    .bind(req.lock_timeout_ms)
-                    .bind(req.run_now);
-            }
-            let rows = query
-                .fetch_all(&mut *conn)
-                .await
-                .map_err(StoreError::query(op))?;
-            let mut claimed = HashMap::with_capacity(rows.len());
-            for row in &rows {
-                let rule = decode_branch_rule(row)?;
-                claimed.insert(rule.id, rule);
-            }
-            let won: Vec<usize> = chunk
-                .iter()
-                .copied()
-                .filter(|&index| {
-                    claimed.contains_key(&claim_request(transitions[index]).branch_rule_id)
-                })
-                .collect();
-            let mut executions = HashMap::with_capacity(won.len());
-            for part in chunks(&won) {
-                let mut insert = sqlx::query(AssertSqlSafe(insert_sql(part.len())));
-                for &index in part {
-                    let req = claim_request(transitions[index]);
-                    let rule = &claimed[&req.branch_rule_id];
-                    // Not run-now means next_run_time <= now held, so it is set.
-                    let scheduled_for = match (req.run_now, rule.next_run_time) {
-                        (false, Some(due)) => due,
-                        _ => req.now,
-                    };
-                    insert = insert
-                        .bind(id_text(req.execution_id))
-                        .bind(id_text(req.branch_rule_id))
-                        .bind(scheduled_for)
-                        .bind(req.holder.as_str())
-                        .bind(rule.lock_epoch)
-                        .bind(req.now);
-                }
-                let rows = insert
-                    .fetch_all(&mut *conn)
-                    .await
-                    .map_err(StoreError::query("insert executions"))?;
-                for row in &rows {
-                    let execution = decode_execution(row)?;
-                    executions.insert(execution.id, execution);
-                }
-            }
-            for &index in chunk {
-                let req = claim_request(transitions[index]);
-                let claim = match claimed.remove(&req.branch_rule_id) {
-                    Some(branch_rule) => {
-                        let execution = executions.remove(&req.execution_id).ok_or_else(|| {
-                            StoreError::Query {
-                                op: "insert executions",
-                                error: sqlx::Error::RowNotFound,
-                            }
+async fn returned_ids<C: GroupedConn>(
+    conn: &mut C,
+    op: &'static str,
+    sql: String,
+    binds: Vec<Bind>,
+) -> Result<HashSet<String>, StoreError> {
+    let rows = conn.fetch(op, sql, binds).await?;
+    rows.iter()
+        .map(|row| {
+            row.text("id")
+                .map_err(StoreError::query(op))
+                .map(Option::unwrap_or_default)
+        })
+        .collect()
+}
+
+/// The binds of one statement: `row`'s values for each transition of
+/// `indices`, row after row as `values` numbers them.
+fn row_binds<const N: usize>(
+    transitions: &[&Transition],
+    indices: &[usize],
+    row: impl Fn(&Transition) -> [Bind; N],
+) -> Vec<Bind> {
+    let mut binds = Vec::with_capacity(indices.len() * N);
+    for &index in indices {
+        binds.extend(row(transitions[index]));
+    }
+    binds
+}
+
+/// The branch rules a statement returned, by id.
+async fn branch_rules_by_id<C: GroupedConn>(
+    conn: &mut C,
+    op: &'static str,
+    sql: String,
+    binds: Vec<Bind>,
+) -> Result<HashMap<Uuid, BranchRule>, StoreError> {
+    let rows = conn.fetch(op, sql, binds).await?;
+    let mut by_id = HashMap::with_capacity(rows.len());
+    for row in &rows {
+        let rule = decode_branch_rule(row)?;
+        by_id.insert(rule.id, rule);
+    }
+    Ok(by_id)
+}
+
+async fn mark_many<C: GroupedConn>(
+    conn: &mut C,
+    sql: String,
+    transitions: &[&Transition],
+    chunk: &[usize],
+    results: &mut [Option<ItemResult>],
+) -> Result<(), StoreError> {
+    let binds = row_binds(transitions, chunk, |transition| {
+        let (fence, now) = fence_and_now(transition);
+        [
+            Bind::Text(id_text(fence.execution_id)),
+            Bind::Text(id_text(fence.branch_rule_id)),
+            Bind::Text(fence.holder.clone()),
+            Bind::Int(fence.epoch),
+            Bind::Int(now),
+        ]
+    });
+    let marked = returned_ids(conn, "mark executions", sql, binds).await?;
+    for &index in chunk {
+        let (fence, _) = fence_and_now(transitions[index]);
+        let applied = marked.contains(&id_text(fence.execution_id));
+        results[index] = Some(Ok(TransitionOutcome::Applied(applied)));
+    }
+    Ok(())
+}
+
+async fn renew_many<C: GroupedConn>(
+    conn: &mut C,
+    transitions: &[&Transition],
+    chunk: &[usize],
+    results: &mut [Option<ItemResult>],
+) -> Result<(), StoreError> {
+    let binds = row_binds(transitions, chunk, |transition| {
+        let (fence, now) = fence_and_now(transition);
+        [
+            Bind::Text(id_text(fence.branch_rule_id)),
+            Bind::Text(fence.holder.clone()),
+            Bind::Int(fence.epoch),
+            Bind::Int(now),
+        ]
+    });
+    let sql = renew_sql(chunk.len());
+    let renewed = returned_ids(conn, "renew locks", sql, binds).await?;
+    for &index in chunk {
+        let (fence, _) = fence_and_now(transitions[index]);
+        let applied = renewed.contains(&id_text(fence.branch_rule_id));
+        results[index] = Some(Ok(TransitionOutcome::Applied(applied)));
+    }
+    Ok(())
+}
+
+async fn claim_many<C: GroupedConn>(
+    conn: &mut C,
+    transitions: &[&Transition],
+    chunk: &[usize],
+    results: &mut [Option<ItemResult>],
+) -> Result<(), StoreError> {
+    let binds = row_binds(transitions, chunk, |transition| {
+        let req = claim_request(transition);
+        [
+            Bind::Text(id_text(req.branch_rule_id)),
+            Bind::Text(req.holder.clone()),
+            Bind::Int(req.now),
+            Bind::Int(req.lock_timeout_ms),
+            Bind::Bool(req.run_now),
+        ]
+    });
+    let mut claimed =
+        branch_rules_by_id(conn, "claim branch_rules", claim_sql(chunk.len()), binds).await?;
+    let won: Vec<usize> = chunk
+        .iter()
+        .copied()
+        .filter(|&index| claimed.contains_key(&claim_request(transitions[index]).branch_rule_id))
+        .collect();
+    let mut executions = HashMap::with_capacity(won.len());
+    for part in chunks(&won) {
+        let binds = row_binds(transitions, part, |transition| {
+            let req = claim_request(transition);
+            let rule = &claimed[&req.branch_rule_id];
+            // Not run-now means next_run_time <= now held, so it is set.
+            let scheduled_for = match (req.run_now, rule.next_run_time) {
+                (false, Some(due)) => due,
+                _ => req.now,
+            };
+            [
+                Bind::Text(id_text(req.execution_id)),
+                Bind::Text(id_text(req.branch_rule_id)),
+                Bind::Int(scheduled_for),
+                Bind::Text(req.holder.clone()),
+                Bind::Int(rule.lock_epoch),
+                Bind::Int(req.now),
+            ]
+        });
+        let rows = conn
+            .fetch("insert executions", insert_sql(part.len()), binds)
+            .await?;
+        for row in &rows {
+            let execution = decode_execution(row)?;
+            executions.insert(execution.id, execution);
+        }
+    }
+    for &index in chunk {
+        let req = claim_request(transitions[index]);
+        let claim = match claimed.remove(&req.branch_rule_id) {
+            Some(branch_rule) => {
+                let execution =
+                    executions
+                        .remove(&req.execution_id)
+                        .ok_or_else(|| StoreError::Query {
+                            op: "insert executions",
+                            error: sqlx::Error::RowNotFound,
                         })?;
-                        Some(Claim {
-                            execution,
-                            branch_rule,
-                        })
-                    }
-                    None => None,
-                };
-                results[index] = Some(Ok(TransitionOutcome::Claimed(claim)));
-            }
-            Ok(())
-        }
-
-        async fn finish_many(
-            conn: &mut Conn,
-            transitions: &[&Transition],
-            chunk: &[usize],
-            results: &mut [Option<ItemResult>],
-        ) -> Result<(), StoreError> {
-            let op = "release branch_rules";
-            let mut query = sqlx::query(AssertSqlSafe(release_sql(chunk.len())));
-            for &index in chunk {
-                let (fence, finish) = fence_and_finish(transitions[index]);
-                query = query
-                    .bind(id_text(fence.branch_rule_id))
-                    .bind(fence.holder.as_str())
-                    .bind(fence.epoch)
-                    .bind(finish.advance_last_run)
-                    .bind(finish.finished_at)
-                    .bind(finish.next_run_time);
-            }
-            let rows = query
-                .fetch_all(&mut *conn)
-                .await
-                .map_err(StoreError::query(op))?;
-            let mut released = HashMap::with_capacity(rows.len());
-            for row in &rows {
-                let rule = decode_branch_rule(row)?;
-                released.insert(rule.id, rule);
-            }
-            // Only executions whose lock was still held: the release above
-            // is their fence.
-            let owned: Vec<usize> = chunk
-                .iter()
-                .copied()
-                .filter(|&index| {
-                    released.contains_key(&fence_and_finish(transitions[index]).0.branch_rule_id)
+                Some(Claim {
+                    execution,
+                    branch_rule,
                 })
-                .collect();
-            for part in chunks(&owned) {
-                let mut update = sqlx::query(AssertSqlSafe(finish_sql(part.len())));
-                for &index in part {
-                    let (fence, finish) = fence_and_finish(transitions[index]);
-                    update = update
-                        .bind(id_text(fence.execution_id))
-                        .bind(id_text(fence.branch_rule_id))
-                        .bind(fence.holder.as_str())
-                        .bind(fence.epoch)
-                        .bind(finish.status.as_str())
-                        .bind(finish.finished_at)
-                        .bind(error_text(finish.error.as_deref()))
-                        .bind(output_text(finish.output.as_ref()));
-                }
-                update
-                    .execute(&mut *conn)
-                    .await
-                    .map_err(StoreError::query("finish executions"))?;
             }
-            for &index in chunk {
-                let (fence, _) = fence_and_finish(transitions[index]);
-                let row = released.remove(&fence.branch_rule_id);
-                results[index] = Some(Ok(TransitionOutcome::Finished(row)));
-            }
-            Ok(())
-        }
-    };
+            None => None,
+        };
+        results[index] = Some(Ok(TransitionOutcome::Claimed(claim)));
+    }
+    Ok(())
 }
 
-pub(super) mod sqlite {
-    type Db = sqlx::Sqlite;
-    type Args = sqlx::sqlite::SqliteArguments;
-    grouped_ops!(sqlx::SqliteConnection);
-}
-
-pub(super) mod postgres {
-    type Db = sqlx::Postgres;
-    type Args = sqlx::postgres::PgArguments;
-    grouped_ops!(sqlx::PgConnection);
+async fn finish_many<C: GroupedConn>(
+    conn: &mut C,
+    transitions: &[&Transition],
+    chunk: &[usize],
+    results: &mut [Option<ItemResult>],
+) -> Result<(), StoreError> {
+    let binds = row_binds(transitions, chunk, |transition| {
+        let (fence, finish) = fence_and_finish(transition);
+        [
+            Bind::Text(id_text(fence.branch_rule_id)),
+            Bind::Text(fence.holder.clone()),
+            Bind::Int(fence.epoch),
+            Bind::Bool(finish.advance_last_run),
+            Bind::Int(finish.finished_at),
+            Bind::OptInt(finish.next_run_time),
+        ]
+    });
+    let mut released = branch_rules_by_id(
+        conn,
+        "release branch_rules",
+        release_sql(chunk.len()),
+        binds,
+    )
+    .await?;
+    // Only executions whose lock was still held: the release above is
+    // their fence.
+    let owned: Vec<usize> = chunk
+        .iter()
+        .copied()
+        .filter(|&index| {
+            released.contains_key(&fence_and_finish(transitions[index]).0.branch_rule_id)
+        })
+        .collect();
+    for part in chunks(&owned) {
+        let binds = row_binds(transitions, part, |transition| {
+            let (fence, finish) = fence_and_finish(transition);
+            [
+                Bind::Text(id_text(fence.execution_id)),
+                Bind::Text(id_text(fence.branch_rule_id)),
+                Bind::Text(fence.holder.clone()),
+                Bind::Int(fence.epoch),
+                Bind::Text(finish.status.as_str().to_string()),
+                Bind::Int(finish.finished_at),
+                Bind::OptText(error_text(finish.error.as_deref())),
+                Bind::OptText(output_text(finish.output.as_ref())),
+            ]
+        });
+        conn.fetch("finish executions", finish_sql(part.len()), binds)
+            .await?;
+    }
+    for &index in chunk {
+        let (fence, _) = fence_and_finish(transitions[index]);
+        let row = released.remove(&fence.branch_rule_id);
+        results[index] = Some(Ok(TransitionOutcome::Finished(row)));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

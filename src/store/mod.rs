@@ -73,9 +73,11 @@ macro_rules! fetch_all {
     };
 }
 
+mod binds;
 mod catalog;
 mod claims;
 mod decode;
+mod direct;
 mod error;
 mod executions;
 mod grouped;
@@ -91,7 +93,7 @@ pub use batch::{
 pub use error::{Backend, StoreError};
 pub use executions::{
     Claim, ClaimRequest, ERROR_CAP_BYTES, ExecutionFilter, Fence, Finish, OUTPUT_CAP_BYTES,
-    WORKER_LOST,
+    WORKER_LOST, new_execution_id,
 };
 pub use instances::InstanceRow;
 

@@ -1,0 +1,260 @@
+//! The SQLite writer's batches, run on the connection's own handle.
+//!
+//! sqlx runs each SQLite connection on a thread of its own: every statement
+//! is a message to that thread and every returned row a message back, each
+//! a thread wake-up. A batch of a few hundred transitions is a dozen
+//! statements and hundreds of rows, and on a small virtual machine those
+//! wake-ups cost as much as SQLite's own work. Here the batcher borrows
+//! the handle from sqlx ([`sqlx::SqliteConnection::lock_handle`]) and runs
+//! the whole transaction, BEGIN to COMMIT, through rusqlite on one blocking
+//! thread: one hand-over per batch. The statements are the very ones
+//! `grouped` gives PostgreSQL, bound to the same values.
+
+use std::sync::Arc;
+
+use rusqlite::types::Value;
+use sqlx::pool::PoolConnection;
+use sqlx::{Sqlite, SqliteConnection};
+
+use super::StoreError;
+use super::batch::Transition;
+use super::binds::Bind;
+use super::claims::SQLITE_BEGIN_WRITE;
+use super::decode::AnyRow;
+use super::grouped::{GroupedConn, ItemResult, apply_grouped};
+
+/// How a batch on the handle failed; the transaction was rolled back.
+#[derive(Debug)]
+pub(super) enum DirectFailure {
+    /// A statement failed: which transition caused it is unknown.
+    Group(StoreError),
+    /// Borrowing the handle, BEGIN or COMMIT failed.
+    Transaction(StoreError),
+}
+
+/// The SQLite writer's connection: sqlx's, for everything else, and a
+/// rusqlite view of the same handle for grouped batches. The view lives as
+/// long as the connection so its prepared statements do too: preparing the
+/// dozen batch statements again for every batch cost a fifth of the
+/// writer's time.
+pub(super) struct WriterConn {
+    // Declared before `conn` so it drops first: the handle cannot close
+    // while statements prepared on it are still alive.
+    statements: Option<rusqlite::Connection>,
+    conn: PoolConnection<Sqlite>,
+}
+
+/// Room for every statement shape: seven kinds of statement in seven chunk
+/// sizes, plus BEGIN, COMMIT and ROLLBACK.
+const STATEMENT_CACHE: usize = 64;
+
+impl WriterConn {
+    pub(super) fn new(conn: PoolConnection<Sqlite>) -> Self {
+        Self {
+            statements: None,
+            conn,
+        }
+    }
+
+    /// The connection, for statements run through sqlx.
+    pub(super) fn sqlx(&mut self) -> &mut SqliteConnection {
+        &mut self.conn
+    }
+
+    /// Runs `transitions` with set-based statements in one write
+    /// transaction on the handle, on the calling thread. Blocks while
+    /// SQLite works (and up to the busy timeout for the write lock): call
+    /// it from a blocking thread.
+    pub(super) async fn run_grouped(
+        &mut self,
+        transitions: &[&Transition],
+    ) -> Result<Vec<ItemResult>, DirectFailure> {
+        let op = "begin transition batch";
+        let mut handle = self
+            .conn
+            .lock_handle()
+            .await
+            .map_err(StoreError::query(op))
+            .map_err(DirectFailure::Transaction)?;
+        let db = match &mut self.statements {
+            Some(db) => db,
+            None => {
+                // SAFETY: the handle lives as long as `self.conn`, which
+                // outlives `statements` (see the field order). The view is
+                // used only while `handle` is locked, so sqlx's worker
+                // thread never touches the handle at the same time.
+                // `from_handle` leaves the handle open when the view drops.
+                let db =
+                    unsafe { rusqlite::Connection::from_handle(handle.as_raw_handle().as_ptr()) }
+                        .map_err(sqlite_error(op))
+                        .map_err(DirectFailure::Transaction)?;
+                db.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+                self.statements.insert(db)
+            }
+        };
+        let outcome = in_transaction(db, transitions).await;
+        drop(handle);
+        outcome
+    }
+}
+
+fn execute_cached(db: &rusqlite::Connection, sql: &str) -> rusqlite::Result<()> {
+    db.prepare_cached(sql)?.raw_execute().map(drop)
+}
+
+async fn in_transaction(
+    db: &rusqlite::Connection,
+    transitions: &[&Transition],
+) -> Result<Vec<ItemResult>, DirectFailure> {
+    execute_cached(db, SQLITE_BEGIN_WRITE)
+        .map_err(sqlite_error("begin transition batch"))
+        .map_err(DirectFailure::Transaction)?;
+    match apply_grouped(&mut Direct { db }, transitions).await {
+        Ok(results) => match execute_cached(db, "COMMIT") {
+            Ok(()) => Ok(results),
+            Err(error) => {
+                // A COMMIT refused with SQLITE_BUSY leaves the transaction
+                // open; any other failure has ended it already.
+                let _ = execute_cached(db, "ROLLBACK");
+                Err(DirectFailure::Transaction(sqlite_error("commit")(error)))
+            }
+        },
+        Err(error) => {
+            let _ = execute_cached(db, "ROLLBACK");
+            Err(DirectFailure::Group(error))
+        }
+    }
+}
+
+fn sqlite_error(op: &'static str) -> impl FnOnce(rusqlite::Error) -> StoreError {
+    move |error| StoreError::Sqlite {
+        op,
+        code: error.sqlite_error().map(|e| e.extended_code),
+        message: error.to_string(),
+    }
+}
+
+fn bind_value(bind: Bind) -> Value {
+    match bind {
+        Bind::Text(text) => Value::Text(text),
+        Bind::Int(int) => Value::Integer(int),
+        Bind::Bool(flag) => Value::Integer(flag.into()),
+        Bind::OptText(text) => text.map_or(Value::Null, Value::Text),
+        Bind::OptInt(int) => int.map_or(Value::Null, Value::Integer),
+    }
+}
+
+struct Direct<'c> {
+    db: &'c rusqlite::Connection,
+}
+
+impl GroupedConn for Direct<'_> {
+    type Row = OwnedRow;
+
+    async fn fetch(
+        &mut self,
+        op: &'static str,
+        sql: String,
+        binds: Vec<Bind>,
+    ) -> Result<Vec<OwnedRow>, StoreError> {
+        let mut statement = self.db.prepare_cached(&sql).map_err(sqlite_error(op))?;
+        // SQLite gives each distinct `$n` a parameter index in order of
+        // first use, so `$n` is not index n when a statement repeats or
+        // reorders placeholders. Bind by name, as sqlx does.
+        let values: Vec<Value> = binds.into_iter().map(bind_value).collect();
+        for index in 1..=statement.parameter_count() {
+            let number = statement
+                .parameter_name(index)
+                .and_then(|name| name.strip_prefix(['$', '?']))
+                .and_then(|digits| digits.parse::<usize>().ok())
+                .filter(|number| (1..=values.len()).contains(number))
+                .ok_or_else(|| StoreError::Sqlite {
+                    op,
+                    code: None,
+                    message: format!("placeholder {index} has no bound value"),
+                })?;
+            let value = values[number - 1].clone();
+            statement
+                .raw_bind_parameter(index, value)
+                .map_err(sqlite_error(op))?;
+        }
+        let columns: Arc<[String]> = statement
+            .column_names()
+            .into_iter()
+            .map(str::to_string)
+            .collect();
+        let mut rows = statement.raw_query();
+        let mut out = Vec::new();
+        while let Some(row) = rows.next().map_err(sqlite_error(op))? {
+            let values = (0..columns.len())
+                .map(|index| row.get::<_, Value>(index))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(sqlite_error(op))?;
+            out.push(OwnedRow {
+                columns: Arc::clone(&columns),
+                values,
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// A row copied out of a rusqlite statement, read like sqlx's rows.
+struct OwnedRow {
+    columns: Arc<[String]>,
+    values: Vec<Value>,
+}
+
+impl OwnedRow {
+    fn value(&self, column: &str) -> Result<&Value, sqlx::Error> {
+        self.columns
+            .iter()
+            .position(|name| name == column)
+            .map(|index| &self.values[index])
+            .ok_or_else(|| sqlx::Error::ColumnNotFound(column.to_string()))
+    }
+
+    fn mismatch(column: &str, expected: &str, found: &Value) -> sqlx::Error {
+        sqlx::Error::ColumnDecode {
+            index: column.to_string(),
+            source: format!("expected {expected}, found {:?}", found.data_type()).into(),
+        }
+    }
+
+    fn integer(&self, column: &str) -> Result<Option<i64>, sqlx::Error> {
+        match self.value(column)? {
+            Value::Null => Ok(None),
+            Value::Integer(int) => Ok(Some(*int)),
+            other => Err(Self::mismatch(column, "INTEGER", other)),
+        }
+    }
+}
+
+impl AnyRow for OwnedRow {
+    fn text(&self, column: &str) -> Result<Option<String>, sqlx::Error> {
+        match self.value(column)? {
+            Value::Null => Ok(None),
+            Value::Text(text) => Ok(Some(text.clone())),
+            other => Err(Self::mismatch(column, "TEXT", other)),
+        }
+    }
+
+    fn int64(&self, column: &str) -> Result<Option<i64>, sqlx::Error> {
+        self.integer(column)
+    }
+
+    fn int32(&self, column: &str) -> Result<Option<i32>, sqlx::Error> {
+        self.integer(column)?
+            .map(|int| {
+                i32::try_from(int).map_err(|e| sqlx::Error::ColumnDecode {
+                    index: column.to_string(),
+                    source: Box::new(e),
+                })
+            })
+            .transpose()
+    }
+
+    fn boolean(&self, column: &str) -> Result<Option<bool>, sqlx::Error> {
+        Ok(self.integer(column)?.map(|int| int != 0))
+    }
+}
