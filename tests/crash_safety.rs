@@ -1,6 +1,7 @@
 //! The plan file survives SIGKILL at any moment: a child process writes the
-//! plan in a loop through the real writer path and is killed 200 times at
-//! random moments; every time, the file on disk parses as one whole plan.
+//! plan in a loop through the real writer path and is killed 200 times, half
+//! at random moments and half aimed at a write in progress; every time, the
+//! file on disk parses as one whole plan.
 //!
 //! The child is this same test binary, re-run with only the ignored
 //! `child_writes_plans_forever` test selected.
@@ -126,7 +127,23 @@ fn plan_file_survives_sigkill() {
             );
             std::thread::yield_now();
         }
-        std::thread::sleep(Duration::from_micros(random.below(20_000)));
+        if kill % 2 == 0 {
+            // A random moment of the write cycle. Building and serializing
+            // the next generation can take longer than the write itself, so
+            // these kills alone may all miss the write.
+            std::thread::sleep(Duration::from_micros(random.below(20_000)));
+        } else {
+            // Aim at the write: wait for its temp file, then a moment that
+            // falls inside the write, its fsync or just after the rename.
+            while !temp.exists() {
+                assert!(
+                    Instant::now() < deadline,
+                    "the child never started a write (kill {kill})"
+                );
+                std::thread::yield_now();
+            }
+            std::thread::sleep(Duration::from_micros(random.below(500)));
+        }
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
 
