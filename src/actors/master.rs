@@ -274,10 +274,12 @@ impl MasterState {
             return;
         }
         // A fetch walks the plan and claims in the database; while the queue
-        // holds a round of work for every worker, a free worker only needs
-        // the next queued job.
+        // holds two rounds of work for every worker, a free worker only
+        // needs the next queued job. Two rounds, not one: the claims of the
+        // next fetch take a commit to land, and the workers must not run
+        // dry meanwhile.
         let pending = self.queue.queued_len() + self.claiming.len();
-        let next_wake = if pending < self.args.config.worker_count {
+        let next_wake = if pending < 2 * self.args.config.worker_count {
             self.fetch(myself).await
         } else {
             None
@@ -480,6 +482,9 @@ impl MasterState {
                 self.alive.insert(worker.get_id(), worker.clone());
                 self.idle.push_back(worker);
                 if self.started {
+                    // A claimed job may be waiting for exactly this worker:
+                    // hand it over now rather than at the next tick.
+                    self.dispatch().await;
                     self.schedule_tick(myself, Duration::ZERO);
                 }
             }
@@ -570,7 +575,15 @@ impl MasterState {
             (None, None) => {}
         }
         if self.drain.is_none() {
-            myself.send_after(self.args.config.worker_cooldown, || MasterMsg::SpawnWorker);
+            let cooldown = self.args.config.worker_cooldown;
+            if cooldown.is_zero() {
+                // A zero-length timer still waits for the timer wheel's next
+                // millisecond, idling this worker slot for that long after
+                // every job.
+                self.spawn_worker(myself).await;
+            } else {
+                myself.send_after(cooldown, || MasterMsg::SpawnWorker);
+            }
         }
         self.publish_gauges();
     }
