@@ -10,6 +10,7 @@
 //! thread: one hand-over per batch. The statements are the very ones
 //! `grouped` gives PostgreSQL, bound to the same values.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use rusqlite::types::Value;
@@ -41,6 +42,11 @@ pub(super) struct WriterConn {
     // Declared before `conn` so it drops first: the handle cannot close
     // while statements prepared on it are still alive.
     statements: Option<rusqlite::Connection>,
+    /// For each statement text, the placeholder number (`$n`) behind each
+    /// parameter index. Asking SQLite for a parameter's name is a linear
+    /// search, so naming every parameter of every 512-parameter statement
+    /// each batch cost as much as a tenth of SQLite's own work.
+    placeholders: HashMap<String, Arc<[usize]>>,
     conn: PoolConnection<Sqlite>,
 }
 
@@ -52,6 +58,7 @@ impl WriterConn {
     pub(super) fn new(conn: PoolConnection<Sqlite>) -> Self {
         Self {
             statements: None,
+            placeholders: HashMap::new(),
             conn,
         }
     }
@@ -92,7 +99,11 @@ impl WriterConn {
                 self.statements.insert(db)
             }
         };
-        let outcome = in_transaction(db, transitions).await;
+        let direct = Direct {
+            db,
+            placeholders: &mut self.placeholders,
+        };
+        let outcome = in_transaction(direct, transitions).await;
         drop(handle);
         outcome
     }
@@ -103,13 +114,14 @@ fn execute_cached(db: &rusqlite::Connection, sql: &str) -> rusqlite::Result<()> 
 }
 
 async fn in_transaction(
-    db: &rusqlite::Connection,
+    mut direct: Direct<'_>,
     transitions: &[&Transition],
 ) -> Result<Vec<ItemResult>, DirectFailure> {
+    let db = direct.db;
     execute_cached(db, SQLITE_BEGIN_WRITE)
         .map_err(sqlite_error("begin transition batch"))
         .map_err(DirectFailure::Transaction)?;
-    match apply_grouped(&mut Direct { db }, transitions).await {
+    match apply_grouped(&mut direct, transitions).await {
         Ok(results) => match execute_cached(db, "COMMIT") {
             Ok(()) => Ok(results),
             Err(error) => {
@@ -146,6 +158,31 @@ fn bind_value(bind: Bind) -> Value {
 
 struct Direct<'c> {
     db: &'c rusqlite::Connection,
+    placeholders: &'c mut HashMap<String, Arc<[usize]>>,
+}
+
+/// The placeholder number (`$n`) of each parameter of `statement`, by
+/// parameter index. SQLite gives each distinct `$n` an index in order of
+/// first use, so `$n` is not index n when a statement repeats or reorders
+/// placeholders: bind by name, as sqlx does.
+fn placeholder_numbers(
+    statement: &rusqlite::CachedStatement<'_>,
+    op: &'static str,
+) -> Result<Arc<[usize]>, StoreError> {
+    (1..=statement.parameter_count())
+        .map(|index| {
+            statement
+                .parameter_name(index)
+                .and_then(|name| name.strip_prefix(['$', '?']))
+                .and_then(|digits| digits.parse::<usize>().ok())
+                .filter(|number| *number >= 1)
+                .ok_or_else(|| StoreError::Sqlite {
+                    op,
+                    code: None,
+                    message: format!("placeholder {index} is not numbered"),
+                })
+        })
+        .collect()
 }
 
 impl GroupedConn for Direct<'_> {
@@ -158,24 +195,28 @@ impl GroupedConn for Direct<'_> {
         binds: Vec<Bind>,
     ) -> Result<Vec<OwnedRow>, StoreError> {
         let mut statement = self.db.prepare_cached(&sql).map_err(sqlite_error(op))?;
-        // SQLite gives each distinct `$n` a parameter index in order of
-        // first use, so `$n` is not index n when a statement repeats or
-        // reorders placeholders. Bind by name, as sqlx does.
-        let values: Vec<Value> = binds.into_iter().map(bind_value).collect();
-        for index in 1..=statement.parameter_count() {
-            let number = statement
-                .parameter_name(index)
-                .and_then(|name| name.strip_prefix(['$', '?']))
-                .and_then(|digits| digits.parse::<usize>().ok())
-                .filter(|number| (1..=values.len()).contains(number))
-                .ok_or_else(|| StoreError::Sqlite {
-                    op,
-                    code: None,
-                    message: format!("placeholder {index} has no bound value"),
-                })?;
-            let value = values[number - 1].clone();
+        let numbers = match self.placeholders.get(&sql) {
+            Some(numbers) => Arc::clone(numbers),
+            None => {
+                let numbers = placeholder_numbers(&statement, op)?;
+                self.placeholders.insert(sql, Arc::clone(&numbers));
+                numbers
+            }
+        };
+        // Each distinct `$n` is one parameter, so each value binds once.
+        let mut values: Vec<Option<Value>> = binds
+            .into_iter()
+            .map(|bind| Some(bind_value(bind)))
+            .collect();
+        for (index, &number) in numbers.iter().enumerate() {
+            let value = values.get_mut(number - 1).and_then(Option::take);
+            let value = value.ok_or_else(|| StoreError::Sqlite {
+                op,
+                code: None,
+                message: format!("placeholder ${number} has no bound value"),
+            })?;
             statement
-                .raw_bind_parameter(index, value)
+                .raw_bind_parameter(index + 1, value)
                 .map_err(sqlite_error(op))?;
         }
         let columns: Arc<[String]> = statement

@@ -184,6 +184,19 @@ macro_rules! touch_branch_rule {
 pub(super) use touch_branch_rule;
 
 /// The statuses a transition may still leave, as an SQL list.
+/// An open execution, in the form the partial indexes on executions are
+/// written in (`finished_at` is set exactly when the status becomes
+/// terminal); `open_execution!(NOT)` is a finished one.
+macro_rules! open_execution {
+    () => {
+        "finished_at IS NULL"
+    };
+    (NOT) => {
+        "finished_at IS NOT NULL"
+    };
+}
+pub(super) use open_execution;
+
 macro_rules! open_statuses {
     () => {
         "('requested', 'scheduled', 'running')"
@@ -203,7 +216,12 @@ const SELECT_EXECUTIONS_FOR: &str = concat!(
     " FROM executions WHERE branch_rule_id = $1 ORDER BY scheduled_for, attempt"
 );
 
-const COUNT_BY_STATUS: &str = "SELECT status, COUNT(*) AS n FROM executions GROUP BY status";
+/// In two halves so each reads its partial index, not the table: the
+/// finished executions by status, and the few open ones.
+const COUNT_BY_STATUS: &str = "\
+SELECT status, COUNT(*) AS n FROM executions WHERE finished_at IS NOT NULL GROUP BY status \
+UNION ALL \
+SELECT status, COUNT(*) AS n FROM executions WHERE finished_at IS NULL GROUP BY status";
 
 /// Branch rules first, then executions: the order claim and finish lock
 /// them in, so on PostgreSQL a recovery and a finishing owner queue behind
@@ -218,7 +236,9 @@ const RELEASE_OWNER_LOCKS: &str = concat!(
 
 const FAIL_OWNER_EXECUTIONS: &str = concat!(
     "UPDATE executions SET status = 'failed', error = $3, finished_at = $2, updated_at = $2 \
-     WHERE owner = $1 AND status IN ",
+     WHERE owner = $1 AND ",
+    open_execution!(),
+    " AND status IN ",
     open_statuses!(),
     " RETURNING ",
     execution_columns!()
@@ -368,7 +388,7 @@ impl Store {
                 message: format!("unknown status {text:?}"),
             })?;
             if let Some(slot) = counts.iter_mut().find(|(s, _)| *s == status) {
-                slot.1 = n;
+                slot.1 += n;
             }
         }
         Ok(counts)
@@ -382,7 +402,7 @@ impl Store {
     ) -> Result<Vec<Execution>, StoreError> {
         let mut conditions: Vec<String> = Vec::new();
         let mut binds: Vec<Bind> = Vec::new();
-        // Only placeholders are spliced into the text; every value is bound.
+        // Only placeholders and fixed text are spliced in; every value is bound.
         fn placeholder(bind: Bind, binds: &mut Vec<Bind>) -> String {
             binds.push(bind);
             format!("${}", binds.len())
@@ -393,7 +413,14 @@ impl Store {
         }
         if let Some(status) = filter.status {
             let p = placeholder(Bind::Text(status.as_str().to_string()), &mut binds);
-            conditions.push(format!("status = {p}"));
+            // The status is bound, so the planner cannot tell which partial
+            // index holds it; the fixed term tells it.
+            let finished = if status.is_terminal() {
+                open_execution!(NOT)
+            } else {
+                open_execution!()
+            };
+            conditions.push(format!("status = {p} AND {finished}"));
         }
         if let Some(from) = filter.from {
             let p = placeholder(Bind::Int(from), &mut binds);

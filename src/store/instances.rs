@@ -1,7 +1,7 @@
 //! instances: who is alive, for crash recovery and takeover (DESIGN §3, §4).
 
 use super::decode::{AnyRow, RowReader};
-use super::executions::open_statuses;
+use super::executions::{open_execution, open_statuses};
 use super::{Store, StoreError};
 use crate::model::Millis;
 
@@ -37,7 +37,9 @@ SELECT id, hostname, pid, started_at, heartbeat_at, partition FROM instances WHE
 const STALE_OWNERS: &str = concat!(
     "SELECT i.id FROM instances i WHERE i.heartbeat_at < $1 - $2 \
      AND (EXISTS (SELECT 1 FROM branch_rules b WHERE b.lock_holder = i.id) \
-     OR EXISTS (SELECT 1 FROM executions e WHERE e.owner = i.id AND e.status IN ",
+     OR EXISTS (SELECT 1 FROM executions e WHERE e.owner = i.id AND e.",
+    open_execution!(),
+    " AND e.status IN ",
     open_statuses!(),
     ")) ORDER BY i.id"
 );
