@@ -878,6 +878,30 @@ both_backends!(
         };
         assert_eq!(store.list_executions(&open).await.unwrap().len(), 2);
 
+        // Finished executions by status, paged (the partial index on
+        // finished rows serves these): exactly the completed ones, in order.
+        let mut completed = ExecutionFilter {
+            status: Some(ExecutionStatus::Completed),
+            limit: 3,
+            ..ExecutionFilter::default()
+        };
+        let mut pages = Vec::new();
+        loop {
+            let page = store.list_executions(&completed).await.unwrap();
+            pages.extend(page.iter().cloned());
+            match completed.next_cursor(&page) {
+                Some(cursor) => completed.after = Some(cursor),
+                None => break,
+            }
+        }
+        let expected: Vec<_> = all
+            .iter()
+            .filter(|e| e.status == ExecutionStatus::Completed)
+            .cloned()
+            .collect();
+        assert_eq!(expected.len(), 4);
+        assert_eq!(pages, expected);
+
         let window = ExecutionFilter {
             from: Some(T0 + 10),
             to: Some(T0 + 30),
