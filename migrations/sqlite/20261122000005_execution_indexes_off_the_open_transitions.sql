@@ -10,8 +10,12 @@
 -- between open states: the open one keeps its entry from claim to finish,
 -- and the finished one gets one entry, at the finish.
 
+-- The work in flight, in listing order. It stays as small as that work
+-- however long the history grows, so recovery and stale_owners scan it for
+-- an owner, and listing an open status pages along it instead of along
+-- the whole history.
 DROP INDEX IF EXISTS executions_open_owner_idx;
-CREATE INDEX executions_open_owner_idx ON executions (owner)
+CREATE INDEX executions_open_idx ON executions (requested_at, id, owner)
     WHERE finished_at IS NULL;
 
 -- Listing finished executions by status pages along (requested_at, id).
