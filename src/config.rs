@@ -55,6 +55,9 @@ impl FromStr for Partition {
     }
 }
 
+/// More partitions than this only cost lease rows and renewals.
+pub const MAX_PARTITION_COUNT: u32 = 4096;
+
 #[derive(Debug, Clone)]
 pub struct Config {
     /// EXECUTION_PLAN_REFRESH_SECONDS, default 20.
@@ -114,8 +117,19 @@ pub struct Config {
     pub api_token: Option<String>,
     /// INSTANCE_ID, default the hostname.
     pub instance_id: String,
-    /// PARTITION, default unset (all rules).
+    /// PARTITION, default unset: with a static `k/N` this instance prefers
+    /// the partitions `p` with `p mod N = k`, and still covers partitions no
+    /// live instance prefers.
     pub partition: Option<Partition>,
+    /// PARTITION_COUNT, default 64: rules fall into this many partitions by a
+    /// stable hash of their id; each has one lease holder at a time.
+    pub partition_count: u32,
+    /// PARTITION_LEASE_TTL_SECONDS, default 30: a partition lease (and an
+    /// instance's heartbeat) not renewed for this long has expired.
+    pub partition_lease_ttl: Duration,
+    /// PARTITION_LEASE_RETRY_SECONDS, default 1: how often an instance looks
+    /// for partitions to take; leases are renewed every third of the TTL.
+    pub partition_lease_retry: Duration,
     /// LOG_FORMAT, default pretty.
     pub log_format: LogFormat,
     /// COMMAND_ACTIONS_ENABLED, default false.
@@ -163,6 +177,9 @@ impl Default for Config {
             api_token: None,
             instance_id: hostname(),
             partition: None,
+            partition_count: 64,
+            partition_lease_ttl: Duration::from_secs(30),
+            partition_lease_retry: Duration::from_secs(1),
             log_format: LogFormat::Pretty,
             command_actions_enabled: false,
             http_action_allow_private: false,
@@ -338,6 +355,46 @@ impl Config {
                     .parse()
                     .map_err(|e: String| env.error("PARTITION", &e))?,
             );
+        }
+        env.parsed("PARTITION_COUNT", &mut c.partition_count)?;
+        if !(1..=MAX_PARTITION_COUNT).contains(&c.partition_count) {
+            return Err(env.error(
+                "PARTITION_COUNT",
+                &format!("must be between 1 and {MAX_PARTITION_COUNT}"),
+            ));
+        }
+        if let Some(partition) = c.partition
+            && partition.count > c.partition_count
+        {
+            return Err(env.error(
+                "PARTITION",
+                &format!(
+                    "N must be at most PARTITION_COUNT ({}): each k/N prefers the partitions p with p mod N = k",
+                    c.partition_count
+                ),
+            ));
+        }
+        env.seconds(
+            "PARTITION_LEASE_TTL_SECONDS",
+            &mut c.partition_lease_ttl,
+            true,
+        )?;
+        env.seconds(
+            "PARTITION_LEASE_RETRY_SECONDS",
+            &mut c.partition_lease_retry,
+            true,
+        )?;
+        // A lease is renewed every third of its TTL and the renewal loop runs
+        // every retry interval: a retry interval longer than a third would let
+        // a lease run out before three renewals were even tried.
+        if c.partition_lease_retry * 3 > c.partition_lease_ttl {
+            return Err(env.error(
+                "PARTITION_LEASE_RETRY_SECONDS",
+                &format!(
+                    "must be at most a third of PARTITION_LEASE_TTL_SECONDS ({:?}), so a lease is renewed three times before it expires",
+                    c.partition_lease_ttl
+                ),
+            ));
         }
         if let Some(format) = env.get("LOG_FORMAT") {
             c.log_format = match format.to_ascii_lowercase().as_str() {

@@ -44,6 +44,7 @@ pub mod actions;
 pub mod actors;
 pub mod api;
 pub mod clock;
+pub mod cluster;
 pub mod commands;
 pub mod config;
 pub mod memory;

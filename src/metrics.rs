@@ -44,6 +44,12 @@ pub const PLAN_READY_WORKFLOWS: &str = "ruled_plan_ready_workflows";
 pub const PLAN_MISSED_WINDOW_WORKFLOWS: &str = "ruled_plan_missed_window_workflows";
 pub const ACTOR_ALIVE: &str = "ruled_actor_alive";
 
+// Several instances on one database (DESIGN §5, cluster names).
+pub const PARTITION_LEASES_HELD: &str = "ruled_partition_leases_held";
+pub const FAILOVERS_TOTAL: &str = "ruled_failovers_total";
+pub const PARTITION_LEASE_CHANGES_TOTAL: &str = "ruled_partition_lease_changes_total";
+pub const SELF_FENCES_TOTAL: &str = "ruled_self_fences_total";
+
 /// Every name above, for tests and docs.
 pub const ALL: &[&str] = &[
     PLAN_WORKFLOWS,
@@ -69,6 +75,10 @@ pub const ALL: &[&str] = &[
     PLAN_READY_WORKFLOWS,
     PLAN_MISSED_WINDOW_WORKFLOWS,
     ACTOR_ALIVE,
+    PARTITION_LEASES_HELD,
+    FAILOVERS_TOTAL,
+    PARTITION_LEASE_CHANGES_TOTAL,
+    SELF_FENCES_TOTAL,
 ];
 
 /// The `op` label values of [`DB_ERRORS_TOTAL`]; a unit test checks that
@@ -76,7 +86,9 @@ pub const ALL: &[&str] = &[
 pub const DB_ERROR_OPS: &[&str] = &[
     "claim",
     "finish",
+    "cancel_requests",
     "heartbeat",
+    "leases",
     "mark_running",
     "mark_scheduled",
     "outbox",
@@ -175,6 +187,22 @@ pub fn describe_all() {
          they wait for the next opening."
     );
     describe_gauge!(
+        PARTITION_LEASES_HELD,
+        "Partition leases this instance holds (PARTITION_COUNT in all across live instances)."
+    );
+    describe_counter!(
+        FAILOVERS_TOTAL,
+        "Silent instances taken over: their open executions failed worker_lost, their claims released."
+    );
+    describe_counter!(
+        PARTITION_LEASE_CHANGES_TOTAL,
+        "Partition leases acquired, released or lost by this instance, by change."
+    );
+    describe_counter!(
+        SELF_FENCES_TOTAL,
+        "Times this instance could not renew its heartbeat within the lease TTL and stopped its own jobs."
+    );
+    describe_gauge!(
         ACTOR_ALIVE,
         "1 while the supervisor has the actor running, 0 while it waits to restart it, by actor."
     );
@@ -223,6 +251,12 @@ pub fn register_known_series() {
     gauge!(QUEUE_SIZE).set(0.0);
     gauge!(ACTIVE_JOBS).set(0.0);
     gauge!(MEMORY_THROTTLE_ACTIVE).set(0.0);
+    gauge!(PARTITION_LEASES_HELD).set(0.0);
+    counter!(FAILOVERS_TOTAL).increment(0);
+    counter!(SELF_FENCES_TOTAL).increment(0);
+    for change in ["acquired", "released", "lost"] {
+        counter!(PARTITION_LEASE_CHANGES_TOTAL, "change" => change).increment(0);
+    }
 }
 
 /// How often [`install`]'s thread drains histogram samples into buckets.

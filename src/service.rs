@@ -17,6 +17,8 @@ use crate::api::{ApiState, HttpServer};
 use crate::clock::{Clock, millis_to_utc};
 use crate::config::Config;
 use crate::config::hostname;
+use crate::actors::lease::partition_text;
+use crate::cluster::{self, InstanceIdVerdict, InstanceSeen};
 use crate::memory::{SamplerFactory, system_sampler_factory};
 use crate::messages::SupervisorMsg;
 use crate::messages::supervisor::SupervisorStats;
@@ -74,6 +76,7 @@ pub struct ServiceOptions {
     registry: Option<ActionRegistry>,
     memory_sampler: Option<SamplerFactory>,
     metrics: Option<PrometheusHandle>,
+    align_clock: bool,
 }
 
 impl ServiceOptions {
@@ -93,6 +96,15 @@ impl ServiceOptions {
     /// ([`SystemSampler`](crate::memory::SystemSampler)).
     pub fn memory_sampler(mut self, factory: SamplerFactory) -> ServiceOptions {
         self.memory_sampler = Some(factory);
+        self
+    }
+
+    /// Re-anchors the clock on the database's at start (`ruled serve` does):
+    /// claims, leases and heartbeats are then stamped in the database's
+    /// time even on a host whose clock is off. Tests that drive a paused
+    /// clock leave it off.
+    pub fn align_clock_to_database(mut self) -> ServiceOptions {
+        self.align_clock = true;
         self
     }
 
@@ -170,6 +182,11 @@ impl Service {
         }
         let store = Store::connect(&config.database_url).await?;
         store.migrate().await?;
+        let clock = if options.align_clock {
+            align_to_database(&store, clock).await?
+        } else {
+            clock
+        };
         info!(backend = %store.backend(), instance_id = %config.instance_id, "Database ready");
         claim_instance_id(&store, &config, clock.now_ms()).await?;
         recover(&store, &config, clock.now_ms()).await?;
@@ -302,6 +319,7 @@ impl Service {
 
 /// Refuses to start when a live process holds INSTANCE_ID; otherwise takes
 /// the id over (a crashed predecessor on this host is recovered at once).
+/// The verdict is [`cluster::instance_id_verdict`], on the database's clock.
 async fn claim_instance_id(
     store: &Store,
     config: &Config,
@@ -310,24 +328,38 @@ async fn claim_instance_id(
     let me = &config.instance_id;
     let hostname = hostname();
     let pid = i64::from(std::process::id());
-    if let Some(row) = store.instance(me).await? {
-        let age = now - row.heartbeat_at;
-        let fresh = age < config.schedule_lock_timeout.as_millis() as Millis;
-        let same_host = row.hostname == hostname;
-        let alive_here = same_host && row.pid != pid && process_alive(row.pid);
-        if fresh && (!same_host || alive_here) {
+    let seen = store.instance(me).await?.map(|row| InstanceSeen {
+        hostname: row.hostname,
+        pid: row.pid,
+        heartbeat_at: row.heartbeat_at,
+    });
+    let db_now = store.db_now().await?;
+    match cluster::instance_id_verdict(
+        seen.as_ref(),
+        &hostname,
+        pid,
+        db_now,
+        config.partition_lease_ttl,
+        process_alive,
+    ) {
+        InstanceIdVerdict::Free => {}
+        InstanceIdVerdict::CrashedPredecessor { pid: old } => {
+            warn!(instance_id = %me, "Previous process {old} on this host is gone; recovering its work");
+        }
+        InstanceIdVerdict::InUse {
+            hostname,
+            pid,
+            seconds_ago,
+        } => {
             return Err(ServiceError::InstanceInUse {
                 instance_id: me.clone(),
-                hostname: row.hostname,
-                pid: row.pid,
-                seconds_ago: age / 1000,
+                hostname,
+                pid,
+                seconds_ago,
             });
         }
-        if fresh {
-            warn!(instance_id = %me, "Previous process {} on this host is gone; recovering its work", row.pid);
-        }
     }
-    let partition = config.partition.map(|p| format!("{}/{}", p.index, p.count));
+    let partition = config.partition.map(partition_text);
     store
         .register_instance(me, &hostname, pid, now, partition.as_deref())
         .await?;
@@ -355,7 +387,7 @@ async fn recover(store: &Store, config: &Config, now: Millis) -> Result<(), Serv
     }
     let mut owners = vec![config.instance_id.clone()];
     if store.backend() == Backend::Sqlite {
-        owners.extend(store.stale_owners(now, 0).await?);
+        owners.extend(store.stale_owners(-1).await?);
     }
     owners.dedup();
     for owner in owners {
@@ -379,6 +411,28 @@ async fn recover(store: &Store, config: &Config, now: Millis) -> Result<(), Serv
     }
     Ok(())
 }
+
+/// The clock anchored on the database's: the offset is measured once,
+/// halfway through a round trip, and the clock then runs on this host's
+/// monotonic time, so a step of the host's wall clock later moves nothing.
+async fn align_to_database(store: &Store, clock: Clock) -> Result<Clock, ServiceError> {
+    let sent = clock.now_ms();
+    let db_now = store.db_now().await?;
+    let received = clock.now_ms();
+    let offset = db_now - (sent + received) / 2;
+    if offset.abs() > CLOCK_SKEW_WARNING_MS {
+        warn!(
+            offset_ms = offset,
+            "⏱️ This host's clock is {:.1} s off the database's; ruled keeps the database's time",
+            offset as f64 / 1000.0
+        );
+    }
+    Ok(Clock::starting_at(clock.now_ms() + offset))
+}
+
+/// Skew worth a line in the log: beyond it, a host without the database's
+/// time would misjudge claims and leases.
+const CLOCK_SKEW_WARNING_MS: Millis = 1_000;
 
 fn process_alive(pid: i64) -> bool {
     let Ok(pid) = libc::pid_t::try_from(pid) else {
@@ -420,6 +474,7 @@ pub async fn serve(config: Config, options: ServiceOptions) -> Result<(), Servic
     // Before start-up, which takes a while (migrations, recovery, the first
     // plan read): a stop requested meanwhile is graceful too.
     let mut signals = StopSignals::listen()?;
+    let options = options.align_clock_to_database();
     let mut service = Service::start_with(config, Clock::system(), options).await?;
     if let Some(kind) = chaos_panic_drill()? {
         service.start_panic_drill(kind);

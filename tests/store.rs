@@ -83,6 +83,7 @@ const DESIGN_COLUMNS: &[(&str, &[&str])] = &[
             "finished_at",
             "error",
             "output",
+            "cancel_requested_at",
         ],
     ),
     (

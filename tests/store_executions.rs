@@ -359,9 +359,16 @@ both_backends!(
             None
         );
         assert_eq!(rule(&store, 10).await, before);
-        assert_eq!(
-            execution(&store, first.execution.id).await.status,
-            ExecutionStatus::Requested
+        // The taker recorded the attempt it took over: nothing stays open.
+        let taken = execution(&store, first.execution.id).await;
+        assert_eq!(taken.status, ExecutionStatus::Failed);
+        assert_eq!(taken.finished_at, Some(T0 + TIMEOUT + 1));
+        assert!(
+            taken
+                .error
+                .as_deref()
+                .is_some_and(|e| e.starts_with("lock_lost") && e.contains(OTHER)),
+            "{taken:?}"
         );
     }
 );
@@ -950,11 +957,14 @@ both_backends!(
             .register_instance("a", "host-1", 100, T0, None)
             .await
             .unwrap();
+        // Heartbeats are stamped on the database's clock, not the caller's.
         let a = store.instance("a").await.unwrap().unwrap();
+        let db_now = store.db_now().await.unwrap();
         assert_eq!(
-            (a.hostname.as_str(), a.pid, a.started_at, a.heartbeat_at),
-            ("host-1", 100, T0, T0)
+            (a.hostname.as_str(), a.pid, a.started_at),
+            ("host-1", 100, T0)
         );
+        assert!((db_now - a.heartbeat_at).abs() < 60_000, "{a:?} vs {db_now}");
         assert_eq!(a.partition, None);
 
         // A restart under the same id replaces the row.
@@ -963,21 +973,18 @@ both_backends!(
             .await
             .unwrap();
         let a = store.instance("a").await.unwrap().unwrap();
-        assert_eq!(
-            (a.pid, a.started_at, a.heartbeat_at),
-            (200, T0 + 10, T0 + 10)
-        );
+        assert_eq!((a.pid, a.started_at), (200, T0 + 10));
         assert_eq!(a.partition.as_deref(), Some("0/2"));
-        assert!(store.heartbeat("a", T0 + 20).await.unwrap());
+        let beat = store.heartbeat("a", T0 + 20).await.unwrap().unwrap();
         assert_eq!(
             store.instance("a").await.unwrap().unwrap().heartbeat_at,
-            T0 + 20
+            beat
         );
-        assert!(!store.heartbeat("nobody", T0).await.unwrap());
+        assert_eq!(store.heartbeat("nobody", T0).await.unwrap(), None);
         assert_eq!(store.instance("nobody").await.unwrap(), None);
 
         // a: silent, holds a lock. b: silent, holds nothing. c: alive, holds a
-        // lock. d: silent, its lock was taken over but its execution is open.
+        // lock. d: silent, its lock expired and c took it over.
         for name in ["b", "c", "d"] {
             store
                 .register_instance(name, "host-2", 1, T0, None)
@@ -986,15 +993,24 @@ both_backends!(
         }
         claim(&store, 10, "a", T0).await;
         claim(&store, 11, "c", T0).await;
-        claim(&store, 12, "d", T0).await;
+        let lost = claim(&store, 12, "d", T0).await;
         claim(&store, 12, "c", T0 + TIMEOUT + 1).await;
-        let now = T0 + TIMEOUT + 100;
-        assert!(store.heartbeat("c", now).await.unwrap());
-        assert_eq!(store.stale_owners(now, TIMEOUT).await.unwrap(), ["a", "d"]);
+        store
+            .execute_sql("UPDATE instances SET heartbeat_at = 0 WHERE id IN ('a', 'b', 'd')")
+            .await
+            .unwrap();
+        assert!(store.heartbeat("c", T0).await.unwrap().is_some());
+        // The taker closed what d left open, so only a is left to take over.
+        let closed = store.execution(lost.execution.id).await.unwrap().unwrap();
+        assert_eq!(closed.status, ExecutionStatus::Failed);
+        let error = closed.error.unwrap_or_default();
+        assert!(error.starts_with("lock_lost") && error.contains("taken over by c"), "{error}");
+        assert_eq!(store.stale_owners(60_000).await.unwrap(), ["a"]);
+        // A negative silence counts everyone who holds something.
+        assert_eq!(store.stale_owners(-1).await.unwrap(), ["a", "c"]);
 
-        store.recover_owner("a", now).await.unwrap();
-        store.recover_owner("d", now).await.unwrap();
-        assert!(store.stale_owners(now, TIMEOUT).await.unwrap().is_empty());
+        store.recover_owner("a", T0 + TIMEOUT + 100).await.unwrap();
+        assert!(store.stale_owners(60_000).await.unwrap().is_empty());
     }
 );
 

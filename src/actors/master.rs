@@ -96,6 +96,12 @@ impl Actor for MasterActor {
             config.master_grace_period
         );
         let grace = config.master_grace_period;
+        // Claims are leases: a queued claim is renewed like a running one
+        // (the worker renews that), so a long queue never lets one expire
+        // while this instance still means to run it.
+        myself.send_interval(config.schedule_lock_timeout / 3, || {
+            MasterMsg::RenewQueuedClaims
+        });
         let throttled = memory_throttled(&args.directory).await;
         let mut state = MasterState {
             queue: JobQueue::new(config.recently_processed.as_millis() as Millis),
@@ -173,7 +179,11 @@ impl Actor for MasterActor {
             }
             MasterMsg::Drain { grace, reply } => state.start_drain(&myself, grace, reply).await,
             MasterMsg::DrainDeadline => state.drain_deadline(),
-            MasterMsg::MemoryThrottle(status) => state.memory_throttle(&myself, status.throttled),
+            MasterMsg::MemoryThrottle(status) => {
+                state.memory_throttle(&myself, status.throttled).await
+            }
+            MasterMsg::RenewQueuedClaims => state.renew_queued_claims().await,
+            MasterMsg::SelfFence => state.self_fence(),
             MasterMsg::InjectPanic(reason) => panic!("{reason}"),
         }
         Ok(())
@@ -306,8 +316,16 @@ impl MasterState {
             }
         };
         let now = self.args.clock.now_ms();
+        // Claim only what can start soon: the free workers plus one round.
+        // A claim held longer than the workers need to reach it is a lease
+        // kept from the other instances for nothing.
+        let pending = self.queue.queued_len() + self.claiming.len();
+        let budget = (self.idle.len() + self.args.config.worker_count).saturating_sub(pending);
         let mut admitted = Vec::new();
         for spec in ready.jobs {
+            if admitted.len() >= budget {
+                break;
+            }
             let id = spec.branch_rule.id;
             let check = if self.claiming.contains(&id) {
                 Err(DedupReason::Queued)
@@ -499,7 +517,7 @@ impl MasterState {
     /// Seed 004's throttle: no fetch and no handoff while set; running jobs
     /// go on. Workers hear it too. On release the deferred rules are all
     /// due, so the master looks at once.
-    fn memory_throttle(&mut self, myself: &ActorRef<MasterMsg>, throttled: bool) {
+    async fn memory_throttle(&mut self, myself: &ActorRef<MasterMsg>, throttled: bool) {
         if self.throttled == throttled {
             return;
         }
@@ -508,7 +526,18 @@ impl MasterState {
             let _ = worker.cast(WorkerMsg::MemoryThrottle { throttled });
         }
         if throttled {
-            info!("👑 Master holds new work back while memory is short");
+            // A throttle may last long: queued claims go back, so another
+            // instance with memory to spare may run those occurrences.
+            let queued = self.queue.drain_queued();
+            let now = self.args.clock.now_ms();
+            for (id, job) in &queued {
+                self.release(job, "released while memory is short").await;
+                self.queue.finish(*id, now);
+            }
+            info!(
+                "👑 Master holds new work back while memory is short; {} queued claim(s) released",
+                queued.len()
+            );
         } else if self.started {
             self.schedule_tick(myself, Duration::ZERO);
         }
@@ -526,6 +555,7 @@ impl MasterState {
             return;
         };
         self.queue.finish(branch_rule_id, self.args.clock.now_ms());
+        self.run_ended(branch_rule_id);
         if !self.args.config.worker_single_job_mode && self.alive.contains_key(&worker) {
             self.idle.push_back(busy.worker);
         }
@@ -689,6 +719,75 @@ impl MasterState {
         Ok(ForceStopOutcome { flag_set, cancel })
     }
 
+    /// Tells the plan this instance's run of a rule is over, so a run that
+    /// ended without a row from the database does not stay "running".
+    fn run_ended(&self, branch_rule_id: Uuid) {
+        if let Some(plan) = self.args.directory.plan() {
+            let _ = plan.cast(PlanMsg::RunEnded(branch_rule_id));
+        }
+    }
+
+    /// Renews every queued claim; one found gone (taken over while this
+    /// instance could not renew it) leaves the queue unwritten: the
+    /// occurrence is someone else's now.
+    async fn renew_queued_claims(&mut self) {
+        let now = self.args.clock.now_ms();
+        let pending: Vec<_> = self
+            .queue
+            .queued_jobs()
+            .map(|job| {
+                let fence = job.fence.clone();
+                let batcher = self.args.batcher.clone();
+                async move {
+                    let renewed = batcher.renew_lock(&fence, now).await;
+                    (fence, renewed)
+                }
+            })
+            .collect();
+        for (fence, renewed) in futures_join_all(pending).await {
+            match renewed {
+                Ok(true) => {}
+                Ok(false) => {
+                    if self.queue.remove_queued(fence.branch_rule_id).is_some() {
+                        warn!(branch_rule_id = %fence.branch_rule_id, execution_id = %fence.execution_id, "🔒 Queued claim lost before the handoff; dropped unwritten");
+                        self.queue.finish(fence.branch_rule_id, now);
+                        self.run_ended(fence.branch_rule_id);
+                    }
+                }
+                Err(e) => {
+                    metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "renew_lock").increment(1);
+                    debug!(branch_rule_id = %fence.branch_rule_id, "Queued claim not renewed: {e}");
+                }
+            }
+        }
+        self.publish_gauges();
+    }
+
+    /// The lease keeper could not renew the heartbeat: peers may soon take
+    /// this instance over. Every job stops and every queued claim is
+    /// dropped, all unwritten: the fences would refuse the writes, and the
+    /// peer that takes over records these attempts.
+    fn self_fence(&mut self) {
+        let now = self.args.clock.now_ms();
+        let queued = self.queue.drain_queued();
+        for (id, _) in &queued {
+            self.queue.finish(*id, now);
+            self.run_ended(*id);
+        }
+        for busy in self.busy.values() {
+            let _ = busy.worker.cast(WorkerMsg::Cancel {
+                execution_id: busy.job.execution_id(),
+                reason: CancelReason::LockLost,
+            });
+        }
+        warn!(
+            "🚧 Self-fenced: {} running job(s) cancelled, {} queued claim(s) dropped, all unwritten",
+            self.busy.len(),
+            queued.len()
+        );
+        self.publish_gauges();
+    }
+
     fn stats(&self) -> crate::queue::QueueStats {
         self.queue
             .stats(self.args.config.worker_count, self.alive.len())
@@ -757,6 +856,25 @@ impl MasterState {
             let _ = reply.send(drain.report.clone());
         }
     }
+}
+
+/// Runs the futures concurrently (they share the batcher's group commit)
+/// and returns their outputs in order.
+async fn futures_join_all<F: std::future::Future + Send + 'static>(futures: Vec<F>) -> Vec<F::Output>
+where
+    F::Output: Send + 'static,
+{
+    let mut set = JoinSet::new();
+    for (index, future) in futures.into_iter().enumerate() {
+        set.spawn(async move { (index, future.await) });
+    }
+    let mut outputs: Vec<Option<F::Output>> = (0..set.len()).map(|_| None).collect();
+    while let Some(joined) = set.join_next().await {
+        if let Ok((index, output)) = joined {
+            outputs[index] = Some(output);
+        }
+    }
+    outputs.into_iter().flatten().collect()
 }
 
 /// How long a starting master waits for the memory guard's status.

@@ -2,6 +2,7 @@
 //! modules (`plan`, `schedule`, `memory`, `supervision::policy`), so the
 //! actors only own state, receive messages and do I/O.
 
+pub mod lease;
 pub mod master;
 pub mod memory_guard;
 pub mod plan;

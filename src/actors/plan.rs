@@ -15,8 +15,9 @@ use crate::model::{Millis, PlanScope};
 use crate::persist::read_plan_file;
 use crate::plan::{
     ExecutionPlan, MergeOptions, MergeReport, PlanStats, job_spec, local_next_run_time, merge,
-    missed_windows, next_wake, ready_in_partition,
+    missed_windows, next_wake, ready_owned,
 };
+use crate::cluster::Ownership;
 use crate::schedule::ScheduleCache;
 use crate::supervision::Directory;
 
@@ -26,6 +27,8 @@ pub struct PlanArgs {
     pub config: Arc<Config>,
     pub clock: Clock,
     pub directory: Directory,
+    /// What this instance owns until the lease keeper says otherwise.
+    pub ownership: Ownership,
 }
 
 pub struct PlanState {
@@ -41,6 +44,9 @@ pub struct PlanState {
     flush_scheduled: bool,
     last_enqueued_at: Option<Millis>,
     schedules: ScheduleCache,
+    /// The rules this instance may claim: the partitions whose lease it
+    /// holds (seed 003), or all of them on SQLite.
+    ownership: Ownership,
 }
 
 impl Actor for PlanActor {
@@ -95,6 +101,7 @@ impl Actor for PlanActor {
             flush_scheduled: false,
             last_enqueued_at: None,
             schedules: ScheduleCache::default(),
+            ownership: args.ownership,
         };
         publish_gauges(&state.plan.stats(state.clock.now_ms()));
         state.publish_readiness(state.clock.now_ms());
@@ -121,8 +128,29 @@ impl Actor for PlanActor {
                     .iter()
                     .filter_map(|id| job_spec(&state.plan, id, zone, &mut state.schedules))
                     .collect();
-                let next_wake = next_wake(&state.plan, now, zone, config.partition);
+                let next_wake = next_wake(&state.plan, now, zone, &state.ownership);
                 let _ = reply.send(ReadyJobs { jobs, next_wake });
+            }
+            PlanMsg::Ownership(ownership) => {
+                if ownership != state.ownership {
+                    let gained = match (&state.ownership, &ownership) {
+                        (Ownership::Partitions { held: before, .. }, Ownership::Partitions { held, .. }) => {
+                            held.iter().any(|p| !before.contains(p))
+                        }
+                        _ => true,
+                    };
+                    state.ownership = ownership;
+                    state.publish_readiness(now);
+                    if gained {
+                        state.notify_master();
+                    }
+                }
+            }
+            PlanMsg::RunEnded(id) => {
+                if state.plan.run_ended_here(&id) {
+                    state.mark_dirty(&myself);
+                    state.notify_master();
+                }
             }
             PlanMsg::Claimed(ids) => {
                 for id in &ids {
@@ -180,9 +208,10 @@ impl Actor for PlanActor {
                         .get(&id)
                         .and_then(|w| w.branch_rule.next_run_time);
                     state.plan.set_next_run_time(&id, next, now);
-                    state
-                        .plan
-                        .update(&id, |w| w.branch_rule.is_currently_running = false);
+                    state.plan.update(&id, |w| {
+                        w.branch_rule.is_currently_running = false;
+                        w.running_here = false;
+                    });
                     info!(
                         branch_rule_id = %id,
                         "🔄 Updated workflow {id}: next_run_time {} → {} (computed locally)",
@@ -241,12 +270,12 @@ impl PlanState {
     /// This instance's ready set, at most MAX_RUNS_PER_TICK, in due order.
     fn ready_now(&self, now: Millis) -> Vec<uuid::Uuid> {
         let config = &self.config;
-        ready_in_partition(
+        ready_owned(
             &self.plan,
             now,
             config.max_runs_per_tick,
             config.default_timezone,
-            config.partition,
+            &self.ownership,
         )
     }
 
@@ -281,7 +310,7 @@ impl PlanState {
         let ready = self.ready_now(now);
         metrics::gauge!(m::PLAN_READY_WORKFLOWS).set(ready.len() as f64);
         let config = &self.config;
-        let missed = missed_windows(&self.plan, now, config.default_timezone, config.partition);
+        let missed = missed_windows(&self.plan, now, config.default_timezone, &self.ownership);
         metrics::gauge!(m::PLAN_MISSED_WINDOW_WORKFLOWS).set(missed as f64);
     }
 

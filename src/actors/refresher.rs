@@ -1,5 +1,7 @@
 //! The RefresherActor: reads the plan from SQL and hands it to the
-//! PlanActor for a smart merge, every EXECUTION_PLAN_REFRESH_SECONDS.
+//! PlanActor for a smart merge, every EXECUTION_PLAN_REFRESH_SECONDS, and
+//! delivers the outbox. Heartbeats and takeovers have their own timer, in
+//! the [`LeaseActor`](crate::actors::lease).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -77,7 +79,6 @@ impl Actor for RefresherActor {
         match message {
             RefresherMsg::Tick => {
                 state.deliver_outbox().await;
-                state.keep_instances().await;
                 state.refresh().await;
                 myself.send_after(state.config.plan_refresh_interval, || RefresherMsg::Tick);
             }
@@ -130,45 +131,6 @@ impl RefresherState {
             }
         }
         pending
-    }
-
-    /// Heartbeats this instance and takes over the claims of instances that
-    /// have been silent for the lock timeout: their running executions are
-    /// failed `worker_lost` and their locks released, so the occurrences
-    /// run again here or elsewhere as new attempts.
-    async fn keep_instances(&mut self) {
-        let now = self.clock.now_ms();
-        let me = &self.config.instance_id;
-        if let Err(e) = self.store.heartbeat(me, now).await {
-            metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "heartbeat").increment(1);
-            debug!("Heartbeat failed: {e}");
-            return;
-        }
-        let timeout = self.config.schedule_lock_timeout.as_millis() as Millis;
-        let stale = match self.store.stale_owners(now, timeout).await {
-            Ok(stale) => stale,
-            Err(e) => {
-                metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "stale_owners").increment(1);
-                debug!("Cannot look for silent instances: {e}");
-                return;
-            }
-        };
-        for owner in stale.into_iter().filter(|owner| owner != me) {
-            match self.store.recover_owner(&owner, now).await {
-                Ok(failed) => {
-                    self.stats.takeovers += 1;
-                    warn!(
-                        instance_id = %owner,
-                        "🧹 Took over from silent instance {owner}: {} execution(s) failed worker_lost",
-                        failed.len()
-                    );
-                }
-                Err(e) => {
-                    metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "takeover").increment(1);
-                    warn!("Takeover of {owner} failed: {e}");
-                }
-            }
-        }
     }
 
     /// One refresh. Every failure is logged and counted, and the last plan

@@ -49,6 +49,13 @@ pub enum MasterMsg {
     /// The memory guard's verdict (pushed on every change): while
     /// throttled, nothing is fetched, claimed or handed to a worker.
     MemoryThrottle(ThrottleStatus),
+    /// Renews the claims of queued jobs (every third of
+    /// SCHEDULE_LOCK_TIMEOUT_SECONDS); running ones are renewed by their
+    /// workers.
+    RenewQueuedClaims,
+    /// The lease keeper could not renew the heartbeat for nearly a TTL:
+    /// stop every job and drop every queued claim, writing nothing.
+    SelfFence,
     /// Panics inside the actor, for supervision tests and chaos drills.
     InjectPanic(String),
 }

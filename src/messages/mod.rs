@@ -1,6 +1,7 @@
 //! One message enum per actor. Queries end in an `RpcReplyPort` and are made
 //! with a timeout; everything else is a cast.
 
+pub mod lease;
 pub mod master;
 pub mod memory_guard;
 pub mod plan;
@@ -9,6 +10,7 @@ pub mod supervisor;
 pub mod worker;
 pub mod writer;
 
+pub use lease::LeaseMsg;
 pub use master::MasterMsg;
 pub use memory_guard::MemoryGuardMsg;
 pub use plan::PlanMsg;

@@ -1,6 +1,7 @@
 use ractor::RpcReplyPort;
 use uuid::Uuid;
 
+use crate::cluster::Ownership;
 use crate::model::{BranchRule, Millis, PlanData};
 use crate::plan::{JobSpec, MergeReport, OutboxEntry, PlanError, PlanSnapshot, PlanStats};
 
@@ -14,9 +15,17 @@ pub enum PlanMsg {
     /// The ready workflows as job specs, in (next_run_time, id) order within
     /// this instance's partition, and when the master should look next.
     ReadyJobs(RpcReplyPort<ReadyJobs>),
+    /// What this instance owns now (from the lease keeper, every round):
+    /// only those rules are ready here.
+    Ownership(Ownership),
     /// These workflows were just claimed: mark them running so no fetch
     /// hands them out again (seed 000 "Marking jobs as running").
     Claimed(Vec<Uuid>),
+    /// This instance's run of the workflow is over (sent by the master for
+    /// every job that ends): if no post-processed row cleared its running
+    /// flag (the result was fenced out, the lock lost, the job dropped
+    /// unwritten), clear it now.
+    RunEnded(Uuid),
     /// Marks a workflow as running; replies false when it is unknown.
     MarkRunning(Uuid, RpcReplyPort<bool>),
     /// The branch rule row the database returned after a job's post-process.

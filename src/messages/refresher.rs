@@ -26,5 +26,4 @@ pub struct RefresherStats {
     pub last_success_at: Option<Millis>,
     pub last_error: Option<String>,
     pub outbox_delivered: u64,
-    pub takeovers: u64,
 }

@@ -6,7 +6,7 @@ use uuid::Uuid;
 
 use super::{ExecutionPlan, NotReady, check_ready, schedule_of};
 use crate::clock::millis_to_utc;
-use crate::config::Partition;
+use crate::cluster::Ownership;
 use crate::model::{ActionDetail, ActionTemplate, BranchRule, Millis};
 use crate::schedule::{CronSchedule, ScheduleCache, Window, next_window_open};
 
@@ -29,12 +29,6 @@ pub struct JobSpec {
     /// The expression and zone to compute the next run from after the job;
     /// `Err` explains why there is none (the job still runs and is recorded).
     pub schedule: Result<(CronSchedule, Tz), String>,
-}
-
-/// A stable partition of workflows across instances (seed 003): the id's
-/// 128-bit value modulo the count.
-pub fn in_partition(id: &Uuid, partition: Option<Partition>) -> bool {
-    partition.is_none_or(|p| id.as_u128() % u128::from(p.count) == u128::from(p.index))
 }
 
 /// The job spec of one workflow, if the plan has it.
@@ -70,14 +64,14 @@ pub fn next_wake(
     plan: &ExecutionPlan,
     now: Millis,
     default_zone: Tz,
-    partition: Option<Partition>,
+    ownership: &Ownership,
 ) -> Option<Millis> {
     let mut earliest: Option<Millis> = None;
     for (at, id) in plan.due_index.iter() {
         if earliest.is_some_and(|e| *at >= e) {
             break;
         }
-        if !in_partition(id, partition) {
+        if !ownership.owns(id) {
             continue;
         }
         if *at > now {
@@ -105,10 +99,10 @@ pub fn missed_windows(
     plan: &ExecutionPlan,
     now: Millis,
     default_zone: Tz,
-    partition: Option<Partition>,
+    ownership: &Ownership,
 ) -> usize {
     plan.due_ids(now)
-        .filter(|id| in_partition(id, partition))
+        .filter(|id| ownership.owns(id))
         .filter_map(|id| plan.get(&id))
         .filter(|workflow| {
             let Err(NotReady::OutsideWindow { window, .. }) =
@@ -146,19 +140,6 @@ mod tests {
 
     fn spec_of(plan: &ExecutionPlan, id: &Uuid) -> Option<JobSpec> {
         job_spec(plan, id, chrono_tz::UTC, &mut ScheduleCache::default())
-    }
-
-    #[test]
-    fn partitions_split_ids_stably() {
-        let ids: Vec<Uuid> = (0..300u128).map(Uuid::from_u128).collect();
-        let counts: Vec<usize> = (0..3)
-            .map(|index| {
-                let p = Some(Partition { index, count: 3 });
-                ids.iter().filter(|id| in_partition(id, p)).count()
-            })
-            .collect();
-        assert_eq!(counts, vec![100, 100, 100]);
-        assert!(ids.iter().all(|id| in_partition(id, None)));
     }
 
     #[test]
@@ -248,7 +229,7 @@ mod tests {
         let fixture = Fixture::due(NOW + 5_000);
         let plan = fixture.plan();
         assert_eq!(
-            next_wake(&plan, NOW, chrono_tz::UTC, None),
+            next_wake(&plan, NOW, chrono_tz::UTC, &Ownership::All),
             Some(NOW + 5_000)
         );
 
@@ -260,7 +241,7 @@ mod tests {
         fixture.branch_rule.operation_time_to =
             Some(crate::schedule::TimeOfDay::new((local.hour() + 3) % 24, 0).unwrap());
         let plan = fixture.plan();
-        let wake = next_wake(&plan, NOW, chrono_tz::UTC, None).unwrap();
+        let wake = next_wake(&plan, NOW, chrono_tz::UTC, &Ownership::All).unwrap();
         assert!(wake > NOW && wake <= NOW + 2 * 3_600_000, "{wake}");
         assert_eq!(
             crate::schedule::local_time_of_day(chrono_tz::UTC, millis_to_utc(wake)),
@@ -271,7 +252,7 @@ mod tests {
         let fixture = Fixture::due(NOW - 1);
         let mut plan = fixture.plan();
         plan.mark_running(&fixture.workflow_id, NOW);
-        assert_eq!(next_wake(&plan, NOW, chrono_tz::UTC, None), None);
+        assert_eq!(next_wake(&plan, NOW, chrono_tz::UTC, &Ownership::All), None);
     }
 
     #[test]
@@ -358,7 +339,7 @@ mod tests {
             fixture.branch_rule.operation_time_to = window.map(|w| w.1);
             let plan = fixture.plan();
             assert_eq!(
-                missed_windows(&plan, now, chrono_tz::UTC, None),
+                missed_windows(&plan, now, chrono_tz::UTC, &Ownership::All),
                 expected,
                 "{name}"
             );
@@ -371,17 +352,18 @@ mod tests {
         fixture.branch_rule.operation_time_to = day.map(|w| w.1);
         let mut plan = fixture.plan();
         let id = fixture.workflow_id;
-        let elsewhere = Some(Partition {
-            index: u32::try_from((id.as_u128() + 1) % 2).unwrap(),
+        let mine = crate::cluster::partition_of(&id, 2);
+        let elsewhere = Ownership::Partitions {
             count: 2,
-        });
+            held: vec![1 - mine],
+        };
         assert_eq!(
-            missed_windows(&plan, at(15, 18, 0), chrono_tz::UTC, elsewhere),
+            missed_windows(&plan, at(15, 18, 0), chrono_tz::UTC, &elsewhere),
             0
         );
         plan.mark_running(&id, at(15, 18, 0));
         assert_eq!(
-            missed_windows(&plan, at(15, 18, 0), chrono_tz::UTC, None),
+            missed_windows(&plan, at(15, 18, 0), chrono_tz::UTC, &Ownership::All),
             0
         );
     }

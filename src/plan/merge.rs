@@ -149,11 +149,10 @@ pub fn merge(
             if local.branch_rule != row {
                 report.preserved += 1;
             }
-        } else if !options.first_refresh
-            && local.branch_rule.is_currently_running
-            && !row.is_currently_running
-        {
-            // Rule 1: a job is in flight here; the database has not heard yet.
+        } else if !options.first_refresh && local.running_here && !row.is_currently_running {
+            // Rule 1: a job this instance started is in flight; the database
+            // has not heard yet. A flag set by another instance's claim is
+            // not ours to keep: it follows the database.
             report.preserved += 1;
             report.note_next_run_change(id, local.branch_rule.next_run_time, row.next_run_time);
             local.branch_rule = row;

@@ -22,10 +22,10 @@ use crate::model::{
     ActionDetail, ActionTemplate, Branch, BranchRule, Brand, BrandRule, Millis, PlanData, Rule,
 };
 
-pub use jobs::{JobSpec, JobStep, in_partition, job_spec, missed_windows, next_wake};
+pub use jobs::{JobSpec, JobStep, job_spec, missed_windows, next_wake};
 pub use merge::{MergeOptions, MergeReport, NextRunChange, merge};
 pub use next_run::{PlanError, local_next_run_time, schedule_of};
-pub use ready::{NotReady, check_ready, ready, ready_in_partition};
+pub use ready::{NotReady, check_ready, ready, ready_owned};
 
 /// One branch rule as the plan holds it, with the bookkeeping smart merge needs.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -40,6 +40,12 @@ pub struct Workflow {
     /// never ready; it is pruned after PLAN_WORKFLOW_MAX_AGE_HOURS.
     #[serde(default)]
     pub missing_since: Option<Millis>,
+    /// This instance claimed the workflow and its run has not ended here
+    /// yet. Merge rule 1 keeps the running flag only for such runs: a flag
+    /// another instance's claim set in the database follows the database,
+    /// so a run lost with that instance is seen to end.
+    #[serde(skip)]
+    pub running_here: bool,
     /// The merge generation that last saw this workflow in the database; the
     /// sweep after a merge finds the missing ones without a set of all ids.
     #[serde(skip)]
@@ -61,6 +67,7 @@ impl Workflow {
             branch_rule,
             locally_updated_at: None,
             missing_since: None,
+            running_here: false,
             seen_generation: 0,
         }
     }
@@ -351,8 +358,24 @@ impl ExecutionPlan {
     pub fn mark_running(&mut self, id: &Uuid, now: Millis) -> bool {
         self.update(id, |w| {
             w.branch_rule.is_currently_running = true;
+            w.running_here = true;
             w.locally_updated_at = Some(now);
         })
+    }
+
+    /// This instance's run of a workflow ended without a row from the
+    /// database (its result was fenced out, its lock lost, or it was
+    /// dropped unwritten): the workflow is no longer running here. The next
+    /// refresh brings whatever the database says.
+    pub fn run_ended_here(&mut self, id: &Uuid) -> bool {
+        let running_here = self.get(id).is_some_and(|w| w.running_here);
+        if running_here {
+            self.update(id, |w| {
+                w.running_here = false;
+                w.branch_rule.is_currently_running = false;
+            });
+        }
+        running_here
     }
 
     /// Takes the row the database returned after a job's post-process, so the
@@ -365,6 +388,7 @@ impl ExecutionPlan {
             .cloned()
             .unwrap_or_else(|| Workflow::new(row.clone()));
         workflow.branch_rule = row;
+        workflow.running_here = false;
         workflow.locally_updated_at = Some(now);
         self.insert(workflow);
     }
@@ -407,7 +431,10 @@ impl ExecutionPlan {
             .map(Workflow::id)
             .collect();
         for id in &running {
-            self.update(id, |w| w.branch_rule.is_currently_running = false);
+            self.update(id, |w| {
+                w.branch_rule.is_currently_running = false;
+                w.running_here = false;
+            });
         }
         running.len()
     }

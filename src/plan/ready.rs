@@ -7,9 +7,9 @@ use chrono_tz::Tz;
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::{ExecutionPlan, Workflow, in_partition};
+use super::{ExecutionPlan, Workflow};
 use crate::clock::millis_to_utc;
-use crate::config::Partition;
+use crate::cluster::Ownership;
 use crate::model::{Millis, RuleStatus};
 use crate::schedule::{TimeOfDay, Window, local_time_of_day, parse_timezone};
 
@@ -136,19 +136,20 @@ pub fn check_ready(
 /// Walks only the due part of the index, so its cost grows with the number
 /// of due workflows, not with the size of the plan.
 pub fn ready(plan: &ExecutionPlan, now: Millis, cap: usize, default_zone: Tz) -> Vec<Uuid> {
-    ready_in_partition(plan, now, cap, default_zone, None)
+    ready_owned(plan, now, cap, default_zone, &Ownership::All)
 }
 
-/// [`ready`] restricted to this instance's PARTITION (seed 003).
-pub fn ready_in_partition(
+/// [`ready`] restricted to the rules this instance owns: the partitions
+/// whose lease it holds (seed 003).
+pub fn ready_owned(
     plan: &ExecutionPlan,
     now: Millis,
     cap: usize,
     default_zone: Tz,
-    partition: Option<Partition>,
+    ownership: &Ownership,
 ) -> Vec<Uuid> {
     plan.due_ids(now)
-        .filter(|id| in_partition(id, partition))
+        .filter(|id| ownership.owns(id))
         .filter(|id| {
             plan.get(id)
                 .is_some_and(|w| check_ready(plan, w, now, default_zone).is_ok())

@@ -143,6 +143,11 @@ impl<J> JobQueue<J> {
             .map(|(id, _)| *id)
     }
 
+    /// Every queued job, oldest first.
+    pub fn queued_jobs(&self) -> impl Iterator<Item = &J> {
+        self.queued.iter().map(|(_, job)| job)
+    }
+
     /// Every queued job, oldest first, emptying the queue (shutdown).
     pub fn drain_queued(&mut self) -> Vec<(Uuid, J)> {
         self.queued_ids.clear();

@@ -187,6 +187,7 @@ fn placeholder_numbers(
 
 impl GroupedConn for Direct<'_> {
     type Row = OwnedRow;
+    const CLAIM_ROW_LOCK: &'static str = "";
 
     async fn fetch(
         &mut self,

@@ -23,7 +23,7 @@ use super::binds::{Bind, bound_query};
 use super::decode::{AnyRow, id_text};
 use super::executions::{
     Claim, ClaimRequest, Fence, Finish, branch_rule_columns, decode_execution, error_text,
-    execution_columns, open_statuses, output_text, touch_branch_rule,
+    execution_columns, open_execution, open_statuses, output_text, touch_branch_rule,
 };
 use super::workflows::decode_branch_rule;
 use crate::model::BranchRule;
@@ -98,7 +98,8 @@ fn values(rows: usize, columns: usize) -> String {
 }
 
 /// Requested → Scheduled or Scheduled → Running; `stamp` is the column
-/// set to `now`. Same guards as `claims::MARK_SCHEDULED`.
+/// set to `now`, while the execution's own owner and epoch tie it to the
+/// claim and the branch rule's tie the claim to the present.
 fn mark_sql(from: &str, to: &str, stamp: &str, rows: usize) -> String {
     format!(
         "WITH v(id, br, holder, epoch, now) AS (VALUES {}) \
@@ -124,15 +125,24 @@ fn renew_sql(rows: usize) -> String {
     )
 }
 
-/// Same conditions as `claims::CLAIM_BRANCH_RULE`.
-fn claim_sql(rows: usize) -> String {
+/// The claim of seed 001, plus the epoch that fences every later write:
+/// the rule is due (or run now) and runnable, and its lock free or older
+/// than the timeout. A lock without a time (operator SQL) counts as
+/// abandoned. Rows are taken in id order and, on PostgreSQL, rows another
+/// transaction holds are skipped rather than waited for. RETURNING gives
+/// the row after the claim (its due time, its new epoch) without a second
+/// read; `touch_branch_rule!` is what makes it exact on SQLite too.
+fn claim_sql(rows: usize, row_lock: &str) -> String {
     format!(
-        "WITH v(br, holder, now, timeout, run_now) AS (VALUES {}) \
+        "WITH v(br, holder, now, timeout, run_now) AS (VALUES {}), \
+         c AS (SELECT b.id AS cid FROM branch_rules b JOIN v ON b.id = v.br \
+         WHERE b.is_active AND NOT b.is_archived AND NOT b.is_force_stopped \
+         AND (v.run_now OR b.next_run_time <= v.now) \
+         AND (b.lock_holder IS NULL OR b.lock_time IS NULL OR b.lock_time < v.now - v.timeout) \
+         ORDER BY b.id{row_lock}) \
          UPDATE branch_rules SET lock_holder = v.holder, lock_time = v.now, \
-         lock_epoch = lock_epoch + 1, is_currently_running = TRUE, {} FROM v \
-         WHERE branch_rules.id = v.br AND is_active AND NOT is_archived AND NOT is_force_stopped \
-         AND (v.run_now OR next_run_time <= v.now) \
-         AND (lock_holder IS NULL OR lock_time IS NULL OR lock_time < v.now - v.timeout) \
+         lock_epoch = lock_epoch + 1, is_currently_running = TRUE, {} FROM v, c \
+         WHERE branch_rules.id = c.cid AND v.br = c.cid \
          RETURNING {}",
         values(rows, 5),
         touch_branch_rule!("v.now"),
@@ -140,8 +150,38 @@ fn claim_sql(rows: usize) -> String {
     )
 }
 
-/// Same as `claims::INSERT_EXECUTION`: one round holds one claim per
-/// branch rule, so the attempts computed in one statement cannot collide.
+/// The claims of a chunk that would take a lock from its holder (held,
+/// but older than the timeout): the taker closes what that holder left
+/// open. Rare, so a cheap look by primary key first.
+fn expired_locks_sql(rows: usize) -> String {
+    format!(
+        "WITH v(br, now, timeout) AS (VALUES {}) \
+         SELECT b.id AS id, b.lock_holder AS previous_holder FROM branch_rules b JOIN v ON b.id = v.br \
+         WHERE b.lock_holder IS NOT NULL AND (b.lock_time IS NULL OR b.lock_time < v.now - v.timeout)",
+        values(rows, 3)
+    )
+}
+
+/// The attempt a lost lock left open is Failed by the instance that takes
+/// the occurrence over: no execution stays open, and the reason says who
+/// took it.
+fn close_taken_over_sql(rows: usize) -> String {
+    format!(
+        "WITH v(br, previous, now, taker) AS (VALUES {}) \
+         UPDATE executions SET status = 'failed', finished_at = v.now, updated_at = v.now, \
+         error = 'lock_lost: the claim of ' || v.previous || ' expired; taken over by ' || v.taker \
+         FROM v WHERE executions.owner = v.previous AND executions.branch_rule_id = v.br \
+         AND executions.{} AND executions.status IN {} RETURNING executions.id",
+        values(rows, 4),
+        open_execution!(),
+        open_statuses!()
+    )
+}
+
+/// Only the claimer of the occurrence inserts, under the branch rule's row
+/// lock, so max(attempt) + 1 cannot race (the unique key backs that up);
+/// one round holds one claim per branch rule, so the attempts computed in
+/// one statement cannot collide.
 fn insert_sql(rows: usize) -> String {
     format!(
         "WITH v(id, br, sf, holder, epoch, now) AS (VALUES {}) \
@@ -156,7 +196,9 @@ fn insert_sql(rows: usize) -> String {
     )
 }
 
-/// Same as `claims::RELEASE_BRANCH_RULE`.
+/// First step of the post-process: it takes PostgreSQL's row lock on the
+/// branch rule, so nobody can take the lock over before the transaction
+/// ends, and the execution update after it needs no further fence.
 fn release_sql(rows: usize) -> String {
     format!(
         "WITH v(br, holder, epoch, advance, fin, nrt) AS (VALUES {}) \
@@ -172,8 +214,9 @@ fn release_sql(rows: usize) -> String {
     )
 }
 
-/// Same as `claims::FINISH_EXECUTION`, for executions whose branch rule
-/// was just released in this transaction.
+/// The execution to its terminal state, for executions whose branch rule
+/// was just released in this transaction. 0 rows means it was already
+/// terminal (a cancel through the API): terminal states are final.
 fn finish_sql(rows: usize) -> String {
     format!(
         "WITH v(id, br, holder, epoch, o_status, o_at, o_error, o_output) AS (VALUES {}) \
@@ -249,6 +292,11 @@ pub(super) fn sort_round(
 pub(super) trait GroupedConn {
     type Row: AnyRow;
 
+    /// How a claim locks the rows it is about to take: PostgreSQL skips
+    /// rows another transaction holds (so claims of several instances never
+    /// wait on each other, let alone deadlock); SQLite has one writer.
+    const CLAIM_ROW_LOCK: &'static str;
+
     async fn fetch(
         &mut self,
         op: &'static str,
@@ -257,8 +305,26 @@ pub(super) trait GroupedConn {
     ) -> Result<Vec<Self::Row>, StoreError>;
 }
 
+impl GroupedConn for sqlx::SqliteConnection {
+    type Row = sqlx::sqlite::SqliteRow;
+    const CLAIM_ROW_LOCK: &'static str = "";
+
+    async fn fetch(
+        &mut self,
+        op: &'static str,
+        sql: String,
+        binds: Vec<Bind>,
+    ) -> Result<Vec<Self::Row>, StoreError> {
+        bound_query!(sql, binds)
+            .fetch_all(self)
+            .await
+            .map_err(StoreError::query(op))
+    }
+}
+
 impl GroupedConn for sqlx::PgConnection {
     type Row = sqlx::postgres::PgRow;
+    const CLAIM_ROW_LOCK: &'static str = " FOR UPDATE OF b SKIP LOCKED";
 
     async fn fetch(
         &mut self,
@@ -421,8 +487,60 @@ async fn claim_many<C: GroupedConn>(
             Bind::Bool(req.run_now),
         ]
     });
-    let mut claimed =
-        branch_rules_by_id(conn, "claim branch_rules", claim_sql(chunk.len()), binds).await?;
+    let expired_binds = row_binds(transitions, chunk, |transition| {
+        let req = claim_request(transition);
+        [
+            Bind::Text(id_text(req.branch_rule_id)),
+            Bind::Int(req.now),
+            Bind::Int(req.lock_timeout_ms),
+        ]
+    });
+    let expired = conn
+        .fetch(
+            "select expired locks",
+            expired_locks_sql(chunk.len()),
+            expired_binds,
+        )
+        .await?;
+    let mut previous_holders = HashMap::with_capacity(expired.len());
+    for row in &expired {
+        let read = |column| {
+            row.text(column)
+                .map_err(StoreError::query("select expired locks"))
+                .map(Option::unwrap_or_default)
+        };
+        previous_holders.insert(read("id")?, read("previous_holder")?);
+    }
+    let sql = claim_sql(chunk.len(), C::CLAIM_ROW_LOCK);
+    let mut claimed = branch_rules_by_id(conn, "claim branch_rules", sql, binds).await?;
+    let taken_over: Vec<usize> = chunk
+        .iter()
+        .copied()
+        .filter(|&index| {
+            let id = claim_request(transitions[index]).branch_rule_id;
+            claimed.contains_key(&id) && previous_holders.contains_key(&id_text(id))
+        })
+        .collect();
+    for part in chunks(&taken_over) {
+        let binds = row_binds(transitions, part, |transition| {
+            let req = claim_request(transition);
+            [
+                Bind::Text(id_text(req.branch_rule_id)),
+                Bind::Text(previous_holders[&id_text(req.branch_rule_id)].clone()),
+                Bind::Int(req.now),
+                Bind::Text(req.holder.clone()),
+            ]
+        });
+        let closed = conn
+            .fetch("close taken-over executions", close_taken_over_sql(part.len()), binds)
+            .await?;
+        if !closed.is_empty() {
+            tracing::warn!(
+                "🔒 Took over {} expired claim(s); the attempts they left open are recorded failed (lock_lost)",
+                closed.len()
+            );
+        }
+    }
     let won: Vec<usize> = chunk
         .iter()
         .copied()

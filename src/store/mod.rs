@@ -82,6 +82,7 @@ mod error;
 mod executions;
 mod grouped;
 mod instances;
+mod leases;
 mod plan_data;
 pub mod rows;
 mod workflows;
@@ -96,6 +97,7 @@ pub use executions::{
     WORKER_LOST, new_execution_id,
 };
 pub use instances::InstanceRow;
+pub use leases::{CancelRequest, LeaseView};
 
 /// SQLite's default busy handler gives up at once; writers from several
 /// tasks (refresher, workers, API) must wait for each other instead.

@@ -11,7 +11,9 @@ use std::sync::Arc;
 use ractor::{ActorRef, Message};
 
 use super::ActorKind;
-use crate::messages::{MasterMsg, MemoryGuardMsg, PlanMsg, RefresherMsg, SupervisorMsg, WriterMsg};
+use crate::messages::{
+    LeaseMsg, MasterMsg, MemoryGuardMsg, PlanMsg, RefresherMsg, SupervisorMsg, WriterMsg,
+};
 
 #[derive(Clone)]
 pub struct Directory {
@@ -61,6 +63,10 @@ impl Directory {
         self.find(ActorKind::Refresher)
     }
 
+    pub fn lease(&self) -> Option<ActorRef<LeaseMsg>> {
+        self.find(ActorKind::Lease)
+    }
+
     pub fn master(&self) -> Option<ActorRef<MasterMsg>> {
         self.find(ActorKind::Master)
     }
@@ -88,6 +94,9 @@ impl Directory {
             ActorKind::Refresher => self
                 .refresher()
                 .is_some_and(|a| a.cast(RefresherMsg::InjectPanic(reason)).is_ok()),
+            ActorKind::Lease => self
+                .lease()
+                .is_some_and(|a| a.cast(LeaseMsg::InjectPanic(reason)).is_ok()),
             ActorKind::MemoryGuard => self
                 .memory_guard()
                 .is_some_and(|a| a.cast(MemoryGuardMsg::InjectPanic(reason)).is_ok()),

@@ -25,6 +25,7 @@ pub use directory::Directory;
 pub use policy::{RestartDecision, RestartPolicy, backoff};
 
 use crate::actions::ActionRegistry;
+use crate::actors::lease::{LeaseActor, LeaseArgs};
 use crate::actors::master::{MasterActor, MasterArgs};
 use crate::actors::memory_guard::{MemoryGuardActor, MemoryGuardArgs};
 use crate::actors::plan::{PlanActor, PlanArgs};
@@ -35,7 +36,7 @@ use crate::clock::Clock;
 use crate::config::Config;
 use crate::memory::SamplerFactory;
 use crate::messages::supervisor::SupervisorStats;
-use crate::messages::{MasterMsg, PlanMsg, RefresherMsg, SupervisorMsg, WriterMsg};
+use crate::messages::{LeaseMsg, MasterMsg, PlanMsg, RefresherMsg, SupervisorMsg, WriterMsg};
 use crate::metrics as m;
 use crate::store::{Store, TransitionBatcher};
 
@@ -46,19 +47,22 @@ pub enum ActorKind {
     Plan,
     Writer,
     Refresher,
+    Lease,
     MemoryGuard,
     Master,
 }
 
 impl ActorKind {
     /// Start order: the writer before the plan (the plan hands it snapshots),
-    /// the plan before the refresher (the refresher merges into it), the
-    /// memory guard before the master (which asks it whether to hold work
-    /// back), and the master last: it dispatches from the plan.
-    pub const START_ORDER: [ActorKind; 5] = [
+    /// the plan before the refresher (the refresher merges into it) and the
+    /// lease keeper (which tells it what this instance owns), the memory
+    /// guard before the master (which asks it whether to hold work back),
+    /// and the master last: it dispatches from the plan.
+    pub const START_ORDER: [ActorKind; 6] = [
         ActorKind::Writer,
         ActorKind::Plan,
         ActorKind::Refresher,
+        ActorKind::Lease,
         ActorKind::MemoryGuard,
         ActorKind::Master,
     ];
@@ -68,6 +72,7 @@ impl ActorKind {
             ActorKind::Plan => "plan",
             ActorKind::Writer => "writer",
             ActorKind::Refresher => "refresher",
+            ActorKind::Lease => "lease",
             ActorKind::MemoryGuard => "memory_guard",
             ActorKind::Master => "master",
         }
@@ -254,6 +259,10 @@ impl SupervisorState {
                     config: Arc::clone(&a.config),
                     clock: a.clock,
                     directory: a.directory.clone(),
+                    ownership: crate::actors::lease::initial_ownership(
+                        &a.config,
+                        a.store.backend(),
+                    ),
                 };
                 Actor::spawn_linked(name, PlanActor, args, supervisor)
                     .await?
@@ -268,6 +277,18 @@ impl SupervisorState {
                     directory: a.directory.clone(),
                 };
                 Actor::spawn_linked(name, RefresherActor, args, supervisor)
+                    .await?
+                    .0
+                    .get_cell()
+            }
+            ActorKind::Lease => {
+                let args = LeaseArgs {
+                    config: Arc::clone(&a.config),
+                    clock: a.clock,
+                    store: a.store.clone(),
+                    directory: a.directory.clone(),
+                };
+                Actor::spawn_linked(name, LeaseActor, args, supervisor)
                     .await?
                     .0
                     .get_cell()
@@ -362,6 +383,15 @@ impl SupervisorState {
                 ),
                 Err(e) => warn!("⚠️ The master did not drain: {e}"),
             }
+        }
+        if let Some(lease) = self.args.directory.lease() {
+            // Nothing runs here any more: the peers may take the partitions
+            // now rather than after the TTL.
+            let _ = ask(&lease, LeaseMsg::ReleaseAll).await;
+        }
+        if let Some(cell) = self.alive.get(&ActorKind::Lease) {
+            info!("Stopping the lease keeper");
+            let _ = cell.stop_and_wait(Some("shutdown".into()), None).await;
         }
         if let Some(refresher) = self.args.directory.refresher() {
             // One last delivery attempt for the outbox before the plan is saved.

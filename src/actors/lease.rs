@@ -1,0 +1,420 @@
+//! The LeaseActor: this instance's place in the cluster (DESIGN §4, seed
+//! 003's distributed lock), on a timer of its own so a slow refresh or a
+//! busy master never makes a live instance look dead.
+//!
+//! Every PARTITION_LEASE_RETRY_SECONDS it
+//! - heartbeats and renews its partition leases when a third of
+//!   PARTITION_LEASE_TTL_SECONDS has passed since the last renewal;
+//! - compares the leases with the fair share of the live instances
+//!   ([`cluster::desired_owners`]) and gives back or takes partitions;
+//! - takes over instances silent for longer than the TTL: their open
+//!   executions become Failed `worker_lost` and their claims are released,
+//!   so the occurrences run again at once;
+//! - hands the master the cancel and force-stop requests other instances
+//!   recorded for the executions this instance runs.
+//!
+//! When the heartbeat cannot be renewed for nearly a TTL, the instance
+//! fences itself: it stops every job it runs and claims nothing, writing
+//! nothing, before its peers may call it silent and run those occurrences
+//! again. The verdicts are pure functions in [`crate::cluster`].
+//!
+//! On SQLite there is one instance: it owns every rule and only heartbeats,
+//! takes over and forwards cancel requests.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tracing::{debug, error, info, warn};
+use uuid::Uuid;
+
+use crate::actors::ask;
+use crate::clock::Clock;
+use crate::cluster::{self, LiveInstance, Ownership};
+use crate::config::{Config, Partition, hostname};
+use crate::messages::lease::LeaseStatus;
+use crate::messages::{LeaseMsg, MasterMsg, PlanMsg};
+use crate::metrics as m;
+use crate::model::Millis;
+use crate::store::{Backend, Store, StoreError};
+use crate::supervision::Directory;
+
+pub struct LeaseActor;
+
+pub struct LeaseArgs {
+    pub config: Arc<Config>,
+    pub clock: Clock,
+    pub store: Store,
+    pub directory: Directory,
+}
+
+pub struct LeaseState {
+    args: LeaseArgs,
+    ownership: Ownership,
+    /// When the last heartbeat that landed was sent (this instance's clock).
+    last_ok_sent: Option<Millis>,
+    /// Since when this instance is up, for the fence of a first heartbeat
+    /// that never lands.
+    started_at: Millis,
+    fenced: bool,
+    takeovers: u64,
+    /// Cancel requests already handed to the master.
+    forwarded: HashSet<Uuid>,
+}
+
+impl Actor for LeaseActor {
+    type Msg = LeaseMsg;
+    type State = LeaseState;
+    type Arguments = LeaseArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<LeaseMsg>,
+        args: LeaseArgs,
+    ) -> Result<LeaseState, ActorProcessingErr> {
+        let ownership = initial_ownership(&args.config, args.store.backend());
+        myself.send_message(LeaseMsg::Tick)?;
+        let started_at = args.clock.now_ms();
+        Ok(LeaseState {
+            args,
+            ownership,
+            last_ok_sent: None,
+            started_at,
+            fenced: false,
+            takeovers: 0,
+            forwarded: HashSet::new(),
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<LeaseMsg>,
+        message: LeaseMsg,
+        state: &mut LeaseState,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            LeaseMsg::Tick => {
+                state.tick().await;
+                let every = state.args.config.partition_lease_retry;
+                myself.send_after(every, || LeaseMsg::Tick);
+            }
+            LeaseMsg::Status(reply) => {
+                let _ = reply.send(LeaseStatus {
+                    ownership: state.ownership.clone(),
+                    last_heartbeat_at: state.last_ok_sent,
+                    fenced: state.fenced,
+                    takeovers: state.takeovers,
+                });
+            }
+            LeaseMsg::ReleaseAll(reply) => {
+                state.release_all().await;
+                let _ = reply.send(());
+            }
+            LeaseMsg::InjectPanic(reason) => panic!("{reason}"),
+        }
+        Ok(())
+    }
+}
+
+/// SQLite has one instance, which owns everything; on PostgreSQL an
+/// instance owns nothing until it holds a lease.
+pub fn initial_ownership(config: &Config, backend: Backend) -> Ownership {
+    match backend {
+        Backend::Sqlite => Ownership::All,
+        Backend::Postgres => Ownership::none(config.partition_count),
+    }
+}
+
+impl LeaseState {
+    fn ttl(&self) -> Duration {
+        self.args.config.partition_lease_ttl
+    }
+
+    fn ttl_ms(&self) -> Millis {
+        self.ttl().as_millis() as Millis
+    }
+
+    fn me(&self) -> &str {
+        &self.args.config.instance_id
+    }
+
+    async fn tick(&mut self) {
+        let now = self.args.clock.now_ms();
+        let renewal_due = self
+            .last_ok_sent
+            .is_none_or(|at| now - at >= self.ttl_ms() / 3);
+        if renewal_due && !self.heartbeat(now).await {
+            self.fence_if_overdue(now);
+            self.publish();
+            return;
+        }
+        if self.fenced {
+            info!("💓 Heartbeat renewed: rejoining the cluster");
+            self.fenced = false;
+        }
+        if self.args.store.backend() == Backend::Postgres
+            && let Err(e) = self.balance(renewal_due).await
+        {
+            metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "leases").increment(1);
+            debug!("Partition leases not balanced this round: {e}");
+        }
+        self.publish();
+        self.take_over_silent().await;
+        self.forward_cancel_requests().await;
+    }
+
+    /// `true` when the heartbeat landed (re-registering if an operator
+    /// deleted the row).
+    async fn heartbeat(&mut self, sent_at: Millis) -> bool {
+        let store = &self.args.store;
+        let outcome = match store.heartbeat(self.me(), sent_at).await {
+            Ok(Some(_)) => Ok(()),
+            Ok(None) => {
+                warn!("This instance's row in `instances` is gone; registering again");
+                let config = &self.args.config;
+                store
+                    .register_instance(
+                        self.me(),
+                        &hostname(),
+                        i64::from(std::process::id()),
+                        sent_at,
+                        config.partition.map(partition_text).as_deref(),
+                    )
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        match outcome {
+            Ok(()) => {
+                self.last_ok_sent = Some(sent_at);
+                true
+            }
+            Err(e) => {
+                metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "heartbeat").increment(1);
+                warn!("💔 Heartbeat failed: {e}");
+                false
+            }
+        }
+    }
+
+    /// Stops this instance's jobs once its peers may soon call it silent.
+    fn fence_if_overdue(&mut self, now: Millis) {
+        if self.fenced || self.args.store.backend() == Backend::Sqlite {
+            // One instance on SQLite: nobody else would run its rules.
+            return;
+        }
+        let since = self.last_ok_sent.unwrap_or(self.started_at);
+        if !cluster::must_self_fence(since, now, self.ttl()) {
+            return;
+        }
+        self.fenced = true;
+        metrics::counter!(m::SELF_FENCES_TOTAL).increment(1);
+        if let Some(held) = self.ownership.held_count()
+            && held > 0
+        {
+            metrics::counter!(m::PARTITION_LEASE_CHANGES_TOTAL, "change" => "lost").increment(held as u64);
+        }
+        self.ownership = Ownership::none(self.args.config.partition_count);
+        error!(
+            "🚧 No heartbeat for {} ms: this instance's peers may take it over; stopping its jobs and claiming nothing until the database answers",
+            now - since
+        );
+        if let Some(master) = self.args.directory.master() {
+            let _ = master.cast(MasterMsg::SelfFence);
+        }
+    }
+
+    /// One round of the fair share: renew, give back, take.
+    async fn balance(&mut self, renew: bool) -> Result<(), StoreError> {
+        let store = &self.args.store;
+        let config = &self.args.config;
+        let ttl_ms = self.ttl_ms();
+        let count = config.partition_count;
+        let me = config.instance_id.clone();
+        let live: Vec<LiveInstance> = store
+            .live_instances(ttl_ms)
+            .await?
+            .into_iter()
+            .map(|row| LiveInstance {
+                preferred: row.partition.as_deref().and_then(|p| p.parse().ok()),
+                id: row.id,
+            })
+            .chain(std::iter::once(LiveInstance {
+                id: me.clone(),
+                preferred: config.partition,
+            }))
+            .collect();
+        let view = store.partition_leases().await?;
+        let desired = cluster::desired_owners(&live, count);
+        let moves = cluster::lease_moves(&me, &desired, &view.leases, view.db_now);
+        let mut held: Vec<u32> = if renew {
+            store.renew_partition_leases(&me, ttl_ms).await?
+        } else {
+            moves.keep.iter().chain(&moves.release).copied().collect()
+        };
+        held.retain(|p| *p < count);
+        for p in &moves.release {
+            if store.release_partition_lease(*p, &me).await? {
+                metrics::counter!(m::PARTITION_LEASE_CHANGES_TOTAL, "change" => "released").increment(1);
+            }
+            held.retain(|h| h != p);
+        }
+        let mut acquired = Vec::new();
+        for p in &moves.acquire {
+            if let Some(lease) = store.acquire_partition_lease(*p, &me, ttl_ms).await? {
+                metrics::counter!(m::PARTITION_LEASE_CHANGES_TOTAL, "change" => "acquired").increment(1);
+                acquired.push((lease.partition, lease.epoch));
+                held.push(lease.partition);
+            }
+        }
+        held.sort_unstable();
+        held.dedup();
+        let before = match &self.ownership {
+            Ownership::Partitions { held, .. } => held.clone(),
+            Ownership::All => Vec::new(),
+        };
+        let lost: Vec<u32> = before
+            .iter()
+            .filter(|p| !held.contains(p) && !moves.release.contains(p))
+            .copied()
+            .collect();
+        if !lost.is_empty() {
+            metrics::counter!(m::PARTITION_LEASE_CHANGES_TOTAL, "change" => "lost").increment(lost.len() as u64);
+            warn!(
+                "🔓 Lost partition lease(s) {lost:?}: they expired before a renewal landed"
+            );
+        }
+        if !moves.release.is_empty() {
+            info!(
+                "🔓 Released partition(s) {:?} to rebalance across {} live instance(s)",
+                moves.release,
+                live_count(&live)
+            );
+        }
+        if !acquired.is_empty() {
+            info!(
+                "🔑 Acquired partition(s) {:?} (epochs {:?}); holding {} of {count} across {} live instance(s)",
+                acquired.iter().map(|(p, _)| *p).collect::<Vec<_>>(),
+                acquired.iter().map(|(_, e)| *e).collect::<Vec<_>>(),
+                held.len(),
+                live_count(&live)
+            );
+        }
+        self.ownership = Ownership::Partitions { count, held };
+        Ok(())
+    }
+
+    /// Tells the plan what this instance owns, every round: a restarted
+    /// plan hears it within one retry interval.
+    fn publish(&self) {
+        if let Some(held) = self.ownership.held_count() {
+            metrics::gauge!(m::PARTITION_LEASES_HELD).set(held as f64);
+        }
+        if let Some(plan) = self.args.directory.plan() {
+            let _ = plan.cast(PlanMsg::Ownership(self.ownership.clone()));
+        }
+    }
+
+    /// Fails the open executions of instances silent for longer than the
+    /// TTL and releases their claims, so their occurrences run again now.
+    async fn take_over_silent(&mut self) {
+        let store = &self.args.store;
+        let stale = match store.stale_owners(self.ttl_ms()).await {
+            Ok(stale) => stale,
+            Err(e) => {
+                metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "stale_owners").increment(1);
+                debug!("Cannot look for silent instances: {e}");
+                return;
+            }
+        };
+        let now = self.args.clock.now_ms();
+        let me = self.me().to_string();
+        for owner in stale.into_iter().filter(|owner| *owner != me) {
+            match store.recover_owner(&owner, now).await {
+                Ok(failed) => {
+                    self.takeovers += 1;
+                    metrics::counter!(m::FAILOVERS_TOTAL).increment(1);
+                    warn!(
+                        instance_id = %owner,
+                        "🧹 Took over from silent instance {owner}: {} execution(s) failed worker_lost; their occurrences run again",
+                        failed.len()
+                    );
+                    if let Some(refresher) = self.args.directory.refresher() {
+                        let _ = refresher.cast(crate::messages::RefresherMsg::RefreshNow);
+                    }
+                }
+                Err(e) => {
+                    metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "takeover").increment(1);
+                    warn!("Takeover of {owner} failed: {e}");
+                }
+            }
+        }
+    }
+
+    /// Cancel and force-stop requests recorded through any instance's API
+    /// for executions this instance runs.
+    async fn forward_cancel_requests(&mut self) {
+        let requests = match self.args.store.cancel_requests(self.me()).await {
+            Ok(requests) => requests,
+            Err(e) => {
+                metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "cancel_requests").increment(1);
+                debug!("Cannot read cancel requests: {e}");
+                return;
+            }
+        };
+        let open: HashSet<Uuid> = requests.iter().map(|r| r.execution_id).collect();
+        self.forwarded.retain(|id| open.contains(id));
+        let Some(master) = self.args.directory.master() else {
+            return;
+        };
+        for request in requests {
+            if !self.forwarded.insert(request.execution_id) {
+                continue;
+            }
+            let execution_id = request.execution_id;
+            match ask(&master, |reply| MasterMsg::Cancel {
+                execution_id,
+                reply,
+            })
+            .await
+            {
+                Ok(outcome) => info!(
+                    branch_rule_id = %request.branch_rule_id,
+                    %execution_id,
+                    "🛑 Acted on a {} request recorded in the database: {outcome:?}",
+                    request.reason
+                ),
+                Err(e) => {
+                    self.forwarded.remove(&execution_id);
+                    debug!(%execution_id, "The master did not take the cancel request: {e}");
+                }
+            }
+        }
+    }
+
+    /// Graceful stop: the peers take the partitions at their next retry.
+    async fn release_all(&mut self) {
+        if self.args.store.backend() != Backend::Postgres {
+            return;
+        }
+        match self.args.store.release_all_partition_leases(self.me()).await {
+            Ok(n) => {
+                info!("🔓 Released {n} partition lease(s) for the peers");
+                metrics::counter!(m::PARTITION_LEASE_CHANGES_TOTAL, "change" => "released").increment(n);
+            }
+            Err(e) => warn!("Could not release the partition leases; they expire after the TTL: {e}"),
+        }
+        self.ownership = Ownership::none(self.args.config.partition_count);
+        self.publish();
+    }
+}
+
+fn live_count(live: &[LiveInstance]) -> usize {
+    live.iter().map(|i| i.id.as_str()).collect::<HashSet<_>>().len()
+}
+
+/// `k/N`, as the `instances.partition` column keeps it.
+pub fn partition_text(partition: Partition) -> String {
+    format!("{}/{}", partition.index, partition.count)
+}

@@ -1,0 +1,34 @@
+use ractor::RpcReplyPort;
+use serde::Serialize;
+
+use crate::cluster::Ownership;
+use crate::model::Millis;
+
+/// Messages of the [`LeaseActor`](crate::actors::lease::LeaseActor), which
+/// keeps this instance's heartbeat and partition leases.
+#[derive(Debug)]
+pub enum LeaseMsg {
+    /// The loop, every PARTITION_LEASE_RETRY_SECONDS: heartbeat and renew
+    /// when a third of the TTL has passed, take or give back partitions,
+    /// take over silent peers, act on cancel requests.
+    Tick,
+    /// What this instance holds now.
+    Status(RpcReplyPort<LeaseStatus>),
+    /// Graceful stop: give every partition back so the peers take them at
+    /// once instead of after the TTL. Replies when done.
+    ReleaseAll(RpcReplyPort<()>),
+    /// Panics inside the actor, for supervision tests and chaos drills.
+    InjectPanic(String),
+}
+
+/// The answer to [`LeaseMsg::Status`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LeaseStatus {
+    pub ownership: Ownership,
+    /// When the last heartbeat that landed was sent (this instance's clock).
+    pub last_heartbeat_at: Option<Millis>,
+    /// Set while the heartbeat cannot be renewed and this instance has
+    /// stopped its own jobs.
+    pub fenced: bool,
+    pub takeovers: u64,
+}
