@@ -11,7 +11,8 @@
 //! RootSupervisor                 supervision/mod.rs      restarts children, escalates
 //!  ├─ WriterActor                actors/writer.rs        debounced atomic plan-file writes
 //!  ├─ PlanActor                  actors/plan.rs          owns the ExecutionPlan (single writer)
-//!  ├─ RefresherActor             actors/refresher.rs     SQL → plan (smart merge), outbox, heartbeat
+//!  ├─ RefresherActor             actors/refresher.rs     SQL → plan (smart merge), outbox
+//!  ├─ LeaseActor                 actors/lease.rs         heartbeat, partition leases, takeover, cancel requests
 //!  ├─ MemoryGuardActor           actors/memory_guard.rs  RAM / swap / GPU → throttle, pushed to the master
 //!  └─ MasterActor                actors/master.rs        ready set → claim → queue → dispatch
 //!      └─ WorkerActor × N        actors/worker.rs        one job, then a fresh actor (single-job mode)
@@ -19,7 +20,7 @@
 //!
 //! Actors share no mutable state: they talk through the typed messages in
 //! [`messages`], one enum per actor, and find each other by name through
-//! the [`supervision::Directory`], so a restarted actor is found again.
+//! the [`directory::Directory`], so a restarted actor is found again.
 //!
 //! ## Layout
 //!
@@ -29,11 +30,14 @@
 //! | [`api`] | the HTTP API (axum): health, readiness, metrics, `/api/v1` |
 //! | [`actors`] | one actor per file; thin shells around the pure modules |
 //! | [`messages`] | one message enum per actor |
-//! | [`supervision`] | root supervisor, restart policy (pure), directory |
+//! | [`supervision`] | root supervisor, restart policy (pure) |
+//! | [`directory`] | `ActorKind` and the `Directory` actors find each other by (leaf) |
+//! | [`cluster`] | several instances: partitions, fair share of leases, takeover and instance-id verdicts (pure) |
 //! | [`plan`] | `ExecutionPlan`, ready filter, smart merge, local next run (pure) |
 //! | [`memory`] | memory throttling: thresholds and hysteresis (pure), samplers, cgroup limits |
 //! | [`queue`] | the master's job queue: FIFO, dedup, active and recent jobs (pure) |
 //! | [`schedule`] | cron, time zones, windows, DST, preview (pure) |
+//! | [`lifecycle`] | `Claim`, `ClaimRequest`, `Fence`, `Finish`, execution ids: the lifecycle types (pure) |
 //! | [`store`] | sqlx queries and migrations for SQLite and PostgreSQL |
 //! | [`persist`] | the plan file and shutdown marker, written atomically |
 //! | [`service`] | start-up, crash recovery, graceful shutdown |
@@ -47,6 +51,8 @@ pub mod clock;
 pub mod cluster;
 pub mod commands;
 pub mod config;
+pub mod directory;
+pub mod lifecycle;
 pub mod memory;
 pub mod messages;
 pub mod metrics;

@@ -114,7 +114,7 @@ async fn run(command: Command, config: Config) -> anyhow::Result<()> {
             );
         }
         Command::Plan => {
-            let (loaded, source) = plan::load_plan(&config).await?;
+            let (loaded, source, owners) = plan::load_plan(&config).await?;
             if let plan::PlanSource::PlanFile {
                 saved_at,
                 database_error,
@@ -127,7 +127,7 @@ async fn run(command: Command, config: Config) -> anyhow::Result<()> {
                 );
             }
             let now = Clock::system().now_ms();
-            for line in plan::plan_lines(&loaded, now, config.default_timezone) {
+            for line in plan::plan_lines(&loaded, now, config.default_timezone, owners.as_ref()) {
                 println!("{line}");
             }
         }

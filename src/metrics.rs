@@ -14,9 +14,9 @@
 use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
+use crate::directory::ActorKind;
 use crate::model::ExecutionStatus;
 use crate::queue::DedupReason;
-use crate::supervision::ActorKind;
 
 pub const PLAN_WORKFLOWS: &str = "ruled_plan_workflows";
 pub const PLAN_REFRESH_TOTAL: &str = "ruled_plan_refresh_total";

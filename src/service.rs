@@ -12,13 +12,14 @@ use tracing::{error, info, warn};
 use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::actions::{ActionRegistry, ActionSettings};
+use crate::actors::lease::partition_text;
 use crate::actors::{AskError, ask};
 use crate::api::{ApiState, HttpServer};
 use crate::clock::{Clock, millis_to_utc};
+use crate::cluster::{self, InstanceIdVerdict, InstanceSeen};
 use crate::config::Config;
 use crate::config::hostname;
-use crate::actors::lease::partition_text;
-use crate::cluster::{self, InstanceIdVerdict, InstanceSeen};
+use crate::directory::{ActorKind, Directory};
 use crate::memory::{SamplerFactory, system_sampler_factory};
 use crate::messages::SupervisorMsg;
 use crate::messages::supervisor::SupervisorStats;
@@ -27,7 +28,7 @@ use crate::persist::{
     PersistError, PreviousStop, ShutdownMarker, read_plan_file, take_marker, write_marker,
 };
 use crate::store::{Backend, Store, StoreError, TransitionBatcher};
-use crate::supervision::{ActorKind, Directory, Escalation, RootSupervisor, SupervisorArgs};
+use crate::supervision::{Escalation, RootSupervisor, SupervisorArgs};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {

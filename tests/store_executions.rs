@@ -964,7 +964,10 @@ both_backends!(
             (a.hostname.as_str(), a.pid, a.started_at),
             ("host-1", 100, T0)
         );
-        assert!((db_now - a.heartbeat_at).abs() < 60_000, "{a:?} vs {db_now}");
+        assert!(
+            (db_now - a.heartbeat_at).abs() < 60_000,
+            "{a:?} vs {db_now}"
+        );
         assert_eq!(a.partition, None);
 
         // A restart under the same id replaces the row.
@@ -1004,7 +1007,10 @@ both_backends!(
         let closed = store.execution(lost.execution.id).await.unwrap().unwrap();
         assert_eq!(closed.status, ExecutionStatus::Failed);
         let error = closed.error.unwrap_or_default();
-        assert!(error.starts_with("lock_lost") && error.contains("taken over by c"), "{error}");
+        assert!(
+            error.starts_with("lock_lost") && error.contains("taken over by c"),
+            "{error}"
+        );
         assert_eq!(store.stale_owners(60_000).await.unwrap(), ["a"]);
         // A negative silence counts everyone who holds something.
         assert_eq!(store.stale_owners(-1).await.unwrap(), ["a", "c"]);

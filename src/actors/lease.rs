@@ -33,12 +33,12 @@ use crate::actors::ask;
 use crate::clock::Clock;
 use crate::cluster::{self, LiveInstance, Ownership};
 use crate::config::{Config, Partition, hostname};
+use crate::directory::Directory;
 use crate::messages::lease::LeaseStatus;
 use crate::messages::{LeaseMsg, MasterMsg, PlanMsg};
 use crate::metrics as m;
 use crate::model::Millis;
 use crate::store::{Backend, Store, StoreError};
-use crate::supervision::Directory;
 
 pub struct LeaseActor;
 
@@ -213,7 +213,8 @@ impl LeaseState {
         if let Some(held) = self.ownership.held_count()
             && held > 0
         {
-            metrics::counter!(m::PARTITION_LEASE_CHANGES_TOTAL, "change" => "lost").increment(held as u64);
+            metrics::counter!(m::PARTITION_LEASE_CHANGES_TOTAL, "change" => "lost")
+                .increment(held as u64);
         }
         self.ownership = Ownership::none(self.args.config.partition_count);
         error!(
@@ -256,14 +257,16 @@ impl LeaseState {
         held.retain(|p| *p < count);
         for p in &moves.release {
             if store.release_partition_lease(*p, &me).await? {
-                metrics::counter!(m::PARTITION_LEASE_CHANGES_TOTAL, "change" => "released").increment(1);
+                metrics::counter!(m::PARTITION_LEASE_CHANGES_TOTAL, "change" => "released")
+                    .increment(1);
             }
             held.retain(|h| h != p);
         }
         let mut acquired = Vec::new();
         for p in &moves.acquire {
             if let Some(lease) = store.acquire_partition_lease(*p, &me, ttl_ms).await? {
-                metrics::counter!(m::PARTITION_LEASE_CHANGES_TOTAL, "change" => "acquired").increment(1);
+                metrics::counter!(m::PARTITION_LEASE_CHANGES_TOTAL, "change" => "acquired")
+                    .increment(1);
                 acquired.push((lease.partition, lease.epoch));
                 held.push(lease.partition);
             }
@@ -280,10 +283,9 @@ impl LeaseState {
             .copied()
             .collect();
         if !lost.is_empty() {
-            metrics::counter!(m::PARTITION_LEASE_CHANGES_TOTAL, "change" => "lost").increment(lost.len() as u64);
-            warn!(
-                "🔓 Lost partition lease(s) {lost:?}: they expired before a renewal landed"
-            );
+            metrics::counter!(m::PARTITION_LEASE_CHANGES_TOTAL, "change" => "lost")
+                .increment(lost.len() as u64);
+            warn!("🔓 Lost partition lease(s) {lost:?}: they expired before a renewal landed");
         }
         if !moves.release.is_empty() {
             info!(
@@ -398,12 +400,20 @@ impl LeaseState {
         if self.args.store.backend() != Backend::Postgres {
             return;
         }
-        match self.args.store.release_all_partition_leases(self.me()).await {
+        match self
+            .args
+            .store
+            .release_all_partition_leases(self.me())
+            .await
+        {
             Ok(n) => {
                 info!("🔓 Released {n} partition lease(s) for the peers");
-                metrics::counter!(m::PARTITION_LEASE_CHANGES_TOTAL, "change" => "released").increment(n);
+                metrics::counter!(m::PARTITION_LEASE_CHANGES_TOTAL, "change" => "released")
+                    .increment(n);
             }
-            Err(e) => warn!("Could not release the partition leases; they expire after the TTL: {e}"),
+            Err(e) => {
+                warn!("Could not release the partition leases; they expire after the TTL: {e}")
+            }
         }
         self.ownership = Ownership::none(self.args.config.partition_count);
         self.publish();
@@ -411,7 +421,10 @@ impl LeaseState {
 }
 
 fn live_count(live: &[LiveInstance]) -> usize {
-    live.iter().map(|i| i.id.as_str()).collect::<HashSet<_>>().len()
+    live.iter()
+        .map(|i| i.id.as_str())
+        .collect::<HashSet<_>>()
+        .len()
 }
 
 /// `k/N`, as the `instances.partition` column keeps it.

@@ -19,6 +19,8 @@ use crate::actors::worker::{WorkerActor, WorkerArgs, next_run_after};
 use crate::actors::{Recorded, ask, ask_within, record_finish};
 use crate::clock::Clock;
 use crate::config::Config;
+use crate::directory::Directory;
+use crate::lifecycle::{Claim, ClaimRequest, Fence, Finish, new_execution_id};
 use crate::messages::master::{CancelOutcome, DrainReport, ForceStopOutcome, JobReport};
 use crate::messages::worker::{CancelReason, Job};
 use crate::messages::{MasterMsg, MemoryGuardMsg, PlanMsg, RefresherMsg, WorkerMsg};
@@ -26,10 +28,7 @@ use crate::metrics as m;
 use crate::model::{ExecutionStatus, Millis};
 use crate::plan::JobSpec;
 use crate::queue::{DedupReason, JobQueue};
-use crate::store::{
-    Claim, ClaimRequest, Fence, Finish, Store, Transition, TransitionBatcher, new_execution_id,
-};
-use crate::supervision::Directory;
+use crate::store::{Store, Transition, TransitionBatcher};
 
 pub struct MasterActor;
 
@@ -860,7 +859,9 @@ impl MasterState {
 
 /// Runs the futures concurrently (they share the batcher's group commit)
 /// and returns their outputs in order.
-async fn futures_join_all<F: std::future::Future + Send + 'static>(futures: Vec<F>) -> Vec<F::Output>
+async fn futures_join_all<F: std::future::Future + Send + 'static>(
+    futures: Vec<F>,
+) -> Vec<F::Output>
 where
     F::Output: Send + 'static,
 {

@@ -11,6 +11,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tracing::{info, warn};
 
 use crate::config::Config;
+use crate::directory::Directory;
 use crate::memory::{
     GpuSupport, MemoryReading, MemorySampler, Resource, SamplerFactory, Thresholds, ThrottleChange,
     ThrottleGate,
@@ -18,7 +19,6 @@ use crate::memory::{
 use crate::messages::memory_guard::MemoryStatus;
 use crate::messages::{MasterMsg, MemoryGuardMsg};
 use crate::metrics as m;
-use crate::supervision::Directory;
 
 pub struct MemoryGuardActor;
 
@@ -198,8 +198,8 @@ mod tests {
 
     use super::*;
     use crate::actors::ask;
+    use crate::directory::ActorKind;
     use crate::memory::{FedSampler, ThrottleStatus};
-    use crate::supervision::ActorKind;
 
     /// Stands in for the master: forwards what the guard pushes.
     struct Probe;

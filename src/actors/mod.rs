@@ -15,12 +15,13 @@ use std::time::Duration;
 use ractor::rpc::CallResult;
 use ractor::{ActorRef, Message, RpcReplyPort};
 
+use crate::directory::Directory;
+use crate::lifecycle::{Fence, Finish};
 use crate::messages::PlanMsg;
 use crate::metrics as m;
 use crate::model::Millis;
 use crate::plan::OutboxEntry;
-use crate::store::{BatchError, Fence, Finish, TransitionBatcher};
-use crate::supervision::Directory;
+use crate::store::{BatchError, TransitionBatcher};
 
 /// How long one actor waits for another's reply before giving up. Generous,
 /// because a merge of a million workflows takes a while, yet bounded so a

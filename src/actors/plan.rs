@@ -7,7 +7,9 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tracing::{debug, info, warn};
 
 use crate::clock::{Clock, millis_to_utc};
+use crate::cluster::Ownership;
 use crate::config::Config;
+use crate::directory::Directory;
 use crate::messages::plan::ReadyJobs;
 use crate::messages::{MasterMsg, PlanMsg, RefresherMsg, WriterMsg};
 use crate::metrics as m;
@@ -17,9 +19,7 @@ use crate::plan::{
     ExecutionPlan, MergeOptions, MergeReport, PlanStats, job_spec, local_next_run_time, merge,
     missed_windows, next_wake, ready_owned,
 };
-use crate::cluster::Ownership;
 use crate::schedule::ScheduleCache;
-use crate::supervision::Directory;
 
 pub struct PlanActor;
 
@@ -134,9 +134,10 @@ impl Actor for PlanActor {
             PlanMsg::Ownership(ownership) => {
                 if ownership != state.ownership {
                     let gained = match (&state.ownership, &ownership) {
-                        (Ownership::Partitions { held: before, .. }, Ownership::Partitions { held, .. }) => {
-                            held.iter().any(|p| !before.contains(p))
-                        }
+                        (
+                            Ownership::Partitions { held: before, .. },
+                            Ownership::Partitions { held, .. },
+                        ) => held.iter().any(|p| !before.contains(p)),
                         _ => true,
                     };
                     state.ownership = ownership;

@@ -12,13 +12,13 @@ use tracing::{debug, info, warn};
 use crate::actors::ask;
 use crate::clock::Clock;
 use crate::config::Config;
+use crate::directory::Directory;
 use crate::messages::refresher::RefresherStats;
 use crate::messages::{PlanMsg, RefresherMsg};
 use crate::metrics as m;
 use crate::model::Millis;
 use crate::plan::MergeReport;
 use crate::store::Store;
-use crate::supervision::Directory;
 
 pub struct RefresherActor;
 

@@ -15,14 +15,15 @@ use crate::actions::{ActionCall, ActionError, ActionRegistry};
 use crate::actors::{Recorded, record_finish};
 use crate::clock::Clock;
 use crate::config::Config;
+use crate::directory::Directory;
+use crate::lifecycle::Finish;
 use crate::messages::master::JobReport;
 use crate::messages::worker::{CancelReason, Job, JobOutcome};
 use crate::messages::{MasterMsg, WorkerMsg};
 use crate::metrics as m;
 use crate::model::{ExecutionStatus, Millis};
 use crate::plan::JobStep;
-use crate::store::{Finish, PendingTransition, Store, Transition, TransitionBatcher};
-use crate::supervision::Directory;
+use crate::store::{PendingTransition, Store, Transition, TransitionBatcher};
 use uuid::Uuid;
 
 /// The whole output of a job is capped too, whatever each action returns.

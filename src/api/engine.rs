@@ -81,10 +81,13 @@ pub async fn run_now(
     ))
 }
 
+/// Sets the force stop (in the database) and cancels the rule's run: here
+/// at once when this instance runs it, else by the instance that does, at
+/// its next lease renewal (202, naming it).
 pub async fn force_stop(
     State(s): State<ApiState>,
     Path(id): Path<String>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<(StatusCode, Json<Value>)> {
     let (uuid, _) = branch_rule(&s, &id).await?;
     let master = s.directory().master().ok_or_else(|| restarting("master"))?;
     let outcome = ask(&master, |reply| MasterMsg::ForceStop {
@@ -94,11 +97,34 @@ pub async fn force_stop(
     .await?
     .map_err(ApiError::Unavailable)?;
     nudge(&s);
-    Ok(Json(json!({
-        "id": uuid,
-        "is_force_stopped": outcome.flag_set,
-        "cancel": outcome.cancel,
-    })))
+    let elsewhere = match outcome.cancel {
+        CancelOutcome::NotInFlight => s
+            .store()
+            .open_execution_of(uuid)
+            .await?
+            .filter(|e| e.owner != s.config().instance_id),
+        _ => None,
+    };
+    Ok(match elsewhere {
+        Some(execution) => (
+            StatusCode::ACCEPTED,
+            Json(json!({
+                "id": uuid,
+                "is_force_stopped": outcome.flag_set,
+                "cancel": "requested",
+                "execution_id": execution.id,
+                "owner": execution.owner,
+            })),
+        ),
+        None => (
+            StatusCode::OK,
+            Json(json!({
+                "id": uuid,
+                "is_force_stopped": outcome.flag_set,
+                "cancel": outcome.cancel,
+            })),
+        ),
+    })
 }
 
 /// The branch rules ready to run now, as the plan sees them.
@@ -326,15 +352,56 @@ pub async fn cancel_execution(
         reply,
     })
     .await?;
-    if outcome == CancelOutcome::NotInFlight {
-        return Err(ApiError::Conflict(format!(
-            "execution {id} is not in flight on this instance"
-        )));
+    if outcome != CancelOutcome::NotInFlight {
+        return Ok((
+            StatusCode::ACCEPTED,
+            Json(json!({ "id": uuid, "outcome": outcome, "owner": s.config().instance_id })),
+        ));
     }
-    Ok((
-        StatusCode::ACCEPTED,
-        Json(json!({ "id": uuid, "outcome": outcome })),
-    ))
+    // Another instance runs it (or is about to): the request is recorded
+    // and its owner acts on it at its next lease renewal.
+    match s.store().request_cancel(uuid).await? {
+        Some(owner) => Ok((
+            StatusCode::ACCEPTED,
+            Json(json!({ "id": uuid, "outcome": "cancel_requested", "owner": owner })),
+        )),
+        None => Err(ApiError::Conflict(format!("execution {id} already ended"))),
+    }
+}
+
+/// The instances sharing the database: heartbeat, liveness (on the
+/// database's clock), static partition and the partition leases held.
+pub async fn instances(State(s): State<ApiState>) -> ApiResult<Json<Value>> {
+    let store = s.store();
+    let ttl_ms = s.config().partition_lease_ttl.as_millis() as i64;
+    let view = store.partition_leases().await?;
+    let rows = store.instances().await?;
+    let out: Vec<Value> = rows
+        .into_iter()
+        .map(|row| {
+            let held: Vec<u32> = view
+                .leases
+                .iter()
+                .filter(|lease| lease.live_holder(view.db_now) == Some(row.id.as_str()))
+                .map(|lease| lease.partition)
+                .collect();
+            json!({
+                "id": row.id,
+                "hostname": row.hostname,
+                "pid": row.pid,
+                "started_at": rfc3339(row.started_at),
+                "heartbeat_at": rfc3339(row.heartbeat_at),
+                "live": view.db_now - row.heartbeat_at <= ttl_ms,
+                "partition": row.partition,
+                "partitions_held": held,
+                "this_instance": row.id == s.config().instance_id,
+            })
+        })
+        .collect();
+    Ok(Json(json!({
+        "partition_count": s.config().partition_count,
+        "instances": out,
+    })))
 }
 
 // ---- plan and statistics ---------------------------------------------------
@@ -342,7 +409,25 @@ pub async fn cancel_execution(
 pub async fn plan(State(s): State<ApiState>) -> ApiResult<Json<Value>> {
     let actor = s.directory().plan().ok_or_else(|| restarting("plan"))?;
     let snapshot = ask(&actor, PlanMsg::Snapshot).await?;
+    let config = s.config();
+    let owners = s
+        .store()
+        .partition_owners(config.partition_count, &config.instance_id)
+        .await?;
     let mut value = serde_json::to_value(&snapshot).unwrap_or(Value::Null);
+    if let Some(workflows) = value.get_mut("workflows").and_then(Value::as_array_mut) {
+        for workflow in workflows {
+            let id = workflow
+                .pointer("/branch_rule/id")
+                .and_then(Value::as_str)
+                .and_then(|id| Uuid::parse_str(id).ok());
+            if let (Some(id), Some(object)) = (id, workflow.as_object_mut()) {
+                let (partition, owner) = owners.of(&id);
+                object.insert("partition".into(), json!(partition));
+                object.insert("partition_owner".into(), json!(owner));
+            }
+        }
+    }
     // Action params live in the snapshot too.
     value = super::present::redact(&value);
     Ok(Json(value))

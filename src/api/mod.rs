@@ -29,8 +29,8 @@ use tracing::{error, info};
 use crate::actions::ActionRegistry;
 use crate::clock::Clock;
 use crate::config::Config;
+use crate::directory::Directory;
 use crate::store::Store;
-use crate::supervision::Directory;
 
 /// What every handler shares. Cheap to clone: one `Arc`.
 #[derive(Clone)]

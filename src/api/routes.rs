@@ -218,6 +218,12 @@ pub fn table() -> Vec<Route> {
             "Cancel an execution",
             post(e::cancel_execution),
         ),
+        r(
+            "get",
+            "/instances",
+            "Instances sharing the database, with their partition leases",
+            get(e::instances),
+        ),
         r("get", "/plan", "The execution plan", get(e::plan)),
         r(
             "get",

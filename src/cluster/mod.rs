@@ -30,9 +30,9 @@ pub fn partition_of(id: &Uuid, count: u32) -> u32 {
 pub fn stable_hash(id: &Uuid) -> u64 {
     const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
     const PRIME: u64 = 0x0000_0100_0000_01b3;
-    id.as_bytes()
-        .iter()
-        .fold(OFFSET, |hash, byte| (hash ^ u64::from(*byte)).wrapping_mul(PRIME))
+    id.as_bytes().iter().fold(OFFSET, |hash, byte| {
+        (hash ^ u64::from(*byte)).wrapping_mul(PRIME)
+    })
 }
 
 /// Which rules this instance may claim.
@@ -189,6 +189,36 @@ pub fn lease_moves(
         }
     }
     moves
+}
+
+/// Which instance holds each partition's lease at one moment, to say who
+/// runs a rule (`ruled plan`, `GET /api/v1/plan`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionOwners {
+    pub count: u32,
+    /// By partition; `None` for a partition nobody holds now.
+    pub owners: Vec<Option<String>>,
+}
+
+impl PartitionOwners {
+    /// One instance holding everything (SQLite).
+    pub fn single(count: u32, instance_id: &str) -> PartitionOwners {
+        PartitionOwners {
+            count,
+            owners: vec![Some(instance_id.to_string()); count as usize],
+        }
+    }
+
+    /// The rule's partition and the instance holding it (`None`: nobody
+    /// holds it, so nobody claims the rule until someone does).
+    pub fn of(&self, id: &Uuid) -> (u32, Option<&str>) {
+        let partition = partition_of(id, self.count);
+        let owner = self
+            .owners
+            .get(partition as usize)
+            .and_then(|owner| owner.as_deref());
+        (partition, owner)
+    }
 }
 
 /// What the `instances` row of this INSTANCE_ID says about a start.

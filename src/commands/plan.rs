@@ -7,6 +7,7 @@ use uuid::Uuid;
 
 use super::CommandError;
 use crate::clock::millis_to_utc;
+use crate::cluster::PartitionOwners;
 use crate::config::Config;
 use crate::model::Millis;
 use crate::persist::read_plan_file;
@@ -26,16 +27,27 @@ pub enum PlanSource {
 
 /// The database first, as the first refresh does; the plan file when the
 /// database cannot be read, with running flags reset as at start-up.
-pub async fn load_plan(config: &Config) -> Result<(ExecutionPlan, PlanSource), CommandError> {
+/// With it, who holds each rule's partition (`None` when the plan came from
+/// the file: nobody could be asked).
+pub async fn load_plan(
+    config: &Config,
+) -> Result<(ExecutionPlan, PlanSource, Option<PartitionOwners>), CommandError> {
     let from_database = async {
         let store = Store::connect(&config.database_url).await?;
         let data = store.load_plan_data(config.plan_action_details_cap).await;
+        let owners = store
+            .partition_owners(config.partition_count, &config.instance_id)
+            .await;
         store.close().await;
-        data
+        Ok::<_, crate::store::StoreError>((data?, owners?))
     }
     .await;
     match from_database {
-        Ok(data) => Ok((ExecutionPlan::from_data(data), PlanSource::Database)),
+        Ok((data, owners)) => Ok((
+            ExecutionPlan::from_data(data),
+            PlanSource::Database,
+            Some(owners),
+        )),
         Err(database_error) => match read_plan_file(&config.plan_file)? {
             Some(snapshot) => {
                 let saved_at = snapshot.saved_at;
@@ -47,6 +59,7 @@ pub async fn load_plan(config: &Config) -> Result<(ExecutionPlan, PlanSource), C
                         saved_at,
                         database_error: database_error.to_string(),
                     },
+                    None,
                 ))
             }
             None => Err(CommandError::NoPlan {
@@ -57,8 +70,15 @@ pub async fn load_plan(config: &Config) -> Result<(ExecutionPlan, PlanSource), C
     }
 }
 
-/// One line per workflow, ordered by (next_run_time, id), unscheduled last.
-pub fn plan_lines(plan: &ExecutionPlan, now: Millis, default_zone: Tz) -> Vec<String> {
+/// One line per workflow, ordered by (next_run_time, id), unscheduled last,
+/// with the instance that holds its partition when `owners` is known. A
+/// rule nobody's partition lease covers is not ready anywhere, and says so.
+pub fn plan_lines(
+    plan: &ExecutionPlan,
+    now: Millis,
+    default_zone: Tz,
+    owners: Option<&PartitionOwners>,
+) -> Vec<String> {
     let mut workflows: Vec<_> = plan.workflows().collect();
     workflows.sort_by_key(|w| (w.branch_rule.next_run_time.unwrap_or(Millis::MAX), w.id()));
     let ready_count = workflows
@@ -89,12 +109,21 @@ pub fn plan_lines(plan: &ExecutionPlan, now: Millis, default_zone: Tz) -> Vec<St
             }
             None => "next none".to_string(),
         };
-        let verdict = match check_ready(plan, workflow, now, default_zone) {
-            Ok(()) => "READY".to_string(),
-            Err(reason) => format!("not ready: {reason}"),
+        let owner = owners.map(|owners| owners.of(&row.id));
+        let verdict = match (check_ready(plan, workflow, now, default_zone), owner) {
+            (Err(reason), _) => format!("not ready: {reason}"),
+            (Ok(()), Some((partition, None))) => {
+                format!("not ready: partition {partition} has no live owner")
+            }
+            (Ok(()), _) => "READY".to_string(),
+        };
+        let owned_by = match owner {
+            Some((partition, Some(holder))) => format!("  partition {partition} on {holder}"),
+            Some((partition, None)) => format!("  partition {partition} unowned"),
+            None => String::new(),
         };
         lines.push(format!(
-            "{}  {} / {}  {next}  {verdict}",
+            "{}  {} / {}  {next}{owned_by}  {verdict}",
             row.id,
             branch.map_or_else(|| unknown(row.branch_id), |b| b.name.clone()),
             rule.map_or_else(|| unknown(row.rule_id), |r| r.name.clone()),
@@ -118,7 +147,7 @@ mod tests {
         let mut fixture = Fixture::due(now - 1);
         fixture.branch.timezone = Some("America/New_York".into());
         let ready_plan = fixture.plan();
-        let lines = plan_lines(&ready_plan, now, chrono_tz::Asia::Riyadh);
+        let lines = plan_lines(&ready_plan, now, chrono_tz::Asia::Riyadh, None);
         assert_eq!(
             lines[0],
             format!(
@@ -132,9 +161,24 @@ mod tests {
 
         fixture.branch.is_active = false;
         let held = fixture.plan();
-        let lines = plan_lines(&held, now, chrono_tz::Asia::Riyadh);
+        let lines = plan_lines(&held, now, chrono_tz::Asia::Riyadh, None);
         assert!(
             lines[1].ends_with("not ready: branch.is_active is false"),
+            "{}",
+            lines[1]
+        );
+
+        // Nobody holds the rule's partition: not ready anywhere.
+        let unowned = PartitionOwners {
+            count: 4,
+            owners: vec![None; 4],
+        };
+        let lines = plan_lines(&ready_plan, now, chrono_tz::Asia::Riyadh, Some(&unowned));
+        assert!(lines[1].contains("has no live owner"), "{}", lines[1]);
+        let single = PartitionOwners::single(4, "me");
+        let lines = plan_lines(&ready_plan, now, chrono_tz::Asia::Riyadh, Some(&single));
+        assert!(
+            lines[1].contains(" on me") && lines[1].ends_with("READY"),
             "{}",
             lines[1]
         );

@@ -4,11 +4,11 @@ use ractor::{ActorId, RpcReplyPort};
 use serde::Serialize;
 use uuid::Uuid;
 
+use crate::lifecycle::Claim;
 use crate::memory::ThrottleStatus;
 use crate::model::ExecutionStatus;
 use crate::plan::JobSpec;
 use crate::queue::QueueStats;
-use crate::store::Claim;
 
 /// Messages of the [`MasterActor`](crate::actors::master::MasterActor).
 #[derive(Debug)]

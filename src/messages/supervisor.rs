@@ -3,7 +3,7 @@ use std::collections::BTreeMap;
 use ractor::RpcReplyPort;
 use serde::Serialize;
 
-use crate::supervision::ActorKind;
+use crate::directory::ActorKind;
 
 /// Messages of the [`RootSupervisor`](crate::supervision::RootSupervisor).
 #[derive(Debug)]

@@ -1,8 +1,9 @@
 use uuid::Uuid;
 
+use crate::lifecycle::Fence;
 use crate::model::Execution;
 use crate::plan::JobSpec;
-use crate::store::{Fence, PendingTransition};
+use crate::store::PendingTransition;
 
 /// One claimed occurrence handed to a worker: after this message the worker
 /// owns the execution's state (seed 002's handoff).

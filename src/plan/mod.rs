@@ -16,7 +16,7 @@ use std::collections::{BTreeSet, HashMap};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::store::{Fence, Finish};
+use crate::lifecycle::{Fence, Finish};
 
 use crate::model::{
     ActionDetail, ActionTemplate, Branch, BranchRule, Brand, BrandRule, Millis, PlanData, Rule,

@@ -30,9 +30,9 @@ use super::claims::postgres as postgres_ops;
 use super::claims::sqlite as sqlite_ops;
 use super::claims::{SQLITE_BEGIN_WRITE, end_tx};
 use super::direct::{DirectFailure, WriterConn};
-use super::executions::{Claim, ClaimRequest, Fence, Finish};
 use super::grouped::{ItemResult, apply_grouped};
 use super::{Store, StoreError};
+use crate::lifecycle::{Claim, ClaimRequest, Fence, Finish};
 use crate::model::{BranchRule, Millis};
 
 /// Default bound of one transaction: large enough to amortise a commit over

@@ -16,9 +16,9 @@
 use sqlx::{Database, Transaction};
 
 use super::batch::{Transition, TransitionOutcome};
-use super::executions::{Claim, ClaimRequest, Fence, Finish};
 use super::grouped::apply_grouped;
 use super::{Store, StoreError};
+use crate::lifecycle::{Claim, ClaimRequest, Fence, Finish};
 use crate::model::{BranchRule, Millis};
 
 /// SQLite write transactions take the write lock up front: a deferred one
@@ -121,7 +121,8 @@ impl Store {
         &self,
         requests: &[ClaimRequest],
     ) -> Result<Vec<Option<Claim>>, StoreError> {
-        let transitions: Vec<Transition> = requests.iter().cloned().map(Transition::Claim).collect();
+        let transitions: Vec<Transition> =
+            requests.iter().cloned().map(Transition::Claim).collect();
         let refs: Vec<&Transition> = transitions.iter().collect();
         let outcomes = match self {
             Store::Sqlite(pool) => {

@@ -65,7 +65,11 @@ impl<'r, R: AnyRow> RowReader<'r, R> {
     /// For a table keyed by something else than an `id` column: `key`
     /// names the row in errors.
     pub(crate) fn keyed(row: &'r R, table: &'static str, key: String) -> Self {
-        RowReader { row, table, id: key }
+        RowReader {
+            row,
+            table,
+            id: key,
+        }
     }
 
     fn error(&self, column: &'static str, message: impl ToString) -> StoreError {

@@ -1,18 +1,17 @@
-//! executions: the types of the lifecycle API, the statements on the table,
-//! and its reads.
+//! executions: the statements on the table, and its reads.
 //!
 //! Writes that change an execution's state live in `claims` (claim, the
 //! fenced transitions, finish) and `batch` (the same writes, group-committed);
-//! this file holds what they share and the operator-facing reads.
+//! this file holds what they share and the operator-facing reads. The types
+//! of the lifecycle API live in [`crate::lifecycle`].
 
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
 
 use super::binds::{Bind, bound_query};
 use super::decode::{AnyRow, RowReader, id_text};
 use super::{Store, StoreError};
-use crate::model::{BranchRule, Execution, ExecutionStatus, Millis};
+use crate::model::{Execution, ExecutionStatus, Millis};
 
 /// Stored output above this many bytes of JSON text is replaced by a
 /// summary (DESIGN §2: "output (json, capped)"): one chatty action must not
@@ -25,82 +24,6 @@ pub const ERROR_CAP_BYTES: usize = 8 * 1024;
 
 /// The error recorded on executions failed by [`Store::recover_owner`].
 pub const WORKER_LOST: &str = "worker_lost";
-
-/// A fresh execution id for a claim made at `now`: a UUIDv7, so ids sort
-/// by creation time. Each batch's new executions then land together at the
-/// end of the primary-key index instead of on as many random pages, which
-/// a commit would all have to write.
-pub fn new_execution_id(now: Millis) -> Uuid {
-    let random = Uuid::new_v4();
-    let mut counter_random_bytes = [0u8; 10];
-    counter_random_bytes.copy_from_slice(&random.as_bytes()[..10]);
-    uuid::Builder::from_unix_timestamp_millis(now.max(0) as u64, &counter_random_bytes).into_uuid()
-}
-
-/// One attempt to claim a due branch rule for an occurrence.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ClaimRequest {
-    pub branch_rule_id: Uuid,
-    /// INSTANCE_ID of the claimer; becomes `lock_holder` and the execution's `owner`.
-    pub holder: String,
-    pub now: Millis,
-    /// A lock older than this is considered abandoned and may be taken over.
-    pub lock_timeout_ms: Millis,
-    /// Chosen by the caller so a retried claim (outbox) is recognisable.
-    pub execution_id: Uuid,
-    /// Run now: ignore `next_run_time <= now` and use `now` as the
-    /// occurrence's `scheduled_for`. Every other condition still holds.
-    pub run_now: bool,
-}
-
-/// A won claim.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Claim {
-    /// As inserted: status Requested.
-    pub execution: Execution,
-    /// The branch rule row after the claim (locked, epoch incremented).
-    pub branch_rule: BranchRule,
-}
-
-impl Claim {
-    /// The fencing token every later write of this occurrence carries.
-    pub fn fence(&self) -> Fence {
-        Fence {
-            execution_id: self.execution.id,
-            branch_rule_id: self.branch_rule.id,
-            holder: self.execution.owner.clone(),
-            epoch: self.execution.lock_epoch,
-        }
-    }
-}
-
-/// Proof of ownership: a write lands only while `branch_rules.lock_holder`
-/// and `lock_epoch` still match, so an instance that lost its lock (taken
-/// over after a timeout, or released by recovery) changes nothing.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct Fence {
-    pub execution_id: Uuid,
-    pub branch_rule_id: Uuid,
-    pub holder: String,
-    pub epoch: i64,
-}
-
-/// The post-process of one occurrence.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Finish {
-    /// Must be terminal.
-    pub status: ExecutionStatus,
-    pub finished_at: Millis,
-    /// Cut to [`ERROR_CAP_BYTES`].
-    pub error: Option<String>,
-    /// Replaced by a summary above [`OUTPUT_CAP_BYTES`].
-    pub output: Option<Value>,
-    /// `None` leaves the branch rule's next_run_time as it is.
-    pub next_run_time: Option<Millis>,
-    /// Set last_run_time to `finished_at` (false e.g. for a cancel before
-    /// the handoff, when nothing ran).
-    pub advance_last_run: bool,
-}
 
 /// Which executions [`Store::list_executions`] returns, ordered by
 /// (requested_at, id) ascending.
@@ -242,6 +165,16 @@ const FAIL_OWNER_EXECUTIONS: &str = concat!(
     open_statuses!(),
     " RETURNING ",
     execution_columns!()
+);
+
+/// The attempt of a branch rule still in flight, if any (at most one: the
+/// claim's row lock allows one at a time).
+const OPEN_EXECUTION_OF: &str = concat!(
+    "SELECT ",
+    execution_columns!(),
+    " FROM executions WHERE branch_rule_id = $1 AND ",
+    open_execution!(),
+    " ORDER BY requested_at DESC LIMIT 1"
 );
 
 const SET_FORCE_STOPPED: &str = concat!(
@@ -501,6 +434,21 @@ impl Store {
         }
     }
 
+    /// The execution of `branch_rule_id` still in flight, wherever it runs.
+    pub async fn open_execution_of(
+        &self,
+        branch_rule_id: Uuid,
+    ) -> Result<Option<Execution>, StoreError> {
+        let rows = fetch_all!(
+            self,
+            "select open execution",
+            decode_execution,
+            OPEN_EXECUTION_OF,
+            id_text(branch_rule_id)
+        )?;
+        Ok(rows.into_iter().next())
+    }
+
     /// Sets or clears a branch rule's force stop. `false` when no such rule.
     pub async fn set_force_stopped(
         &self,
@@ -523,23 +471,6 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn execution_ids_sort_by_the_time_they_were_made() {
-        let ids: Vec<Uuid> = (0..100)
-            .map(|n| new_execution_id(1_800_000_000_000 + n))
-            .collect();
-        assert!(ids.windows(2).all(|pair| pair[0] < pair[1]));
-        assert!(ids.iter().all(|id| id.get_version_num() == 7));
-        let same_ms: std::collections::HashSet<Uuid> = (0..1000)
-            .map(|_| new_execution_id(1_800_000_000_000))
-            .collect();
-        assert_eq!(
-            same_ms.len(),
-            1000,
-            "ids made in one millisecond still differ"
-        );
-    }
 
     #[test]
     fn truncation_keeps_whole_characters() {

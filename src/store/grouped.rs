@@ -22,10 +22,11 @@ use super::batch::{Transition, TransitionOutcome};
 use super::binds::{Bind, bound_query};
 use super::decode::{AnyRow, id_text};
 use super::executions::{
-    Claim, ClaimRequest, Fence, Finish, branch_rule_columns, decode_execution, error_text,
-    execution_columns, open_execution, open_statuses, output_text, touch_branch_rule,
+    branch_rule_columns, decode_execution, error_text, execution_columns, open_execution,
+    open_statuses, output_text, touch_branch_rule,
 };
 use super::workflows::decode_branch_rule;
+use crate::lifecycle::{Claim, ClaimRequest, Fence, Finish};
 use crate::model::BranchRule;
 
 pub(super) type ItemResult = Result<TransitionOutcome, StoreError>;
@@ -532,7 +533,11 @@ async fn claim_many<C: GroupedConn>(
             ]
         });
         let closed = conn
-            .fetch("close taken-over executions", close_taken_over_sql(part.len()), binds)
+            .fetch(
+                "close taken-over executions",
+                close_taken_over_sql(part.len()),
+                binds,
+            )
             .await?;
         if !closed.is_empty() {
             tracing::warn!(

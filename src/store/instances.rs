@@ -154,7 +154,13 @@ impl Store {
     /// database's clock, by id.
     pub async fn live_instances(&self, silence_ms: Millis) -> Result<Vec<InstanceRow>, StoreError> {
         let sql = LIVE_INSTANCES.for_store(self);
-        fetch_all!(self, "select live instances", decode_instance, sql, silence_ms)
+        fetch_all!(
+            self,
+            "select live instances",
+            decode_instance,
+            sql,
+            silence_ms
+        )
     }
 
     /// Every row of `instances`, by id.

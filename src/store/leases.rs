@@ -10,7 +10,7 @@
 
 use super::decode::{AnyRow, RowReader, id_text};
 use super::{Store, StoreError};
-use crate::cluster::LeaseRow;
+use crate::cluster::{LeaseRow, PartitionOwners};
 use crate::model::Millis;
 use uuid::Uuid;
 
@@ -92,8 +92,7 @@ macro_rules! acquire_lease_sql {
 const ACQUIRE_LEASE: DbSql = on_each_clock!(acquire_lease_sql);
 
 /// A released lease keeps its epoch; expires_at 0 makes it free at once.
-const RELEASE_LEASE: &str =
-    "UPDATE partition_leases SET holder = NULL, expires_at = 0 WHERE partition = $1 AND holder = $2";
+const RELEASE_LEASE: &str = "UPDATE partition_leases SET holder = NULL, expires_at = 0 WHERE partition = $1 AND holder = $2";
 
 /// Everything `$1` holds, at once: a graceful stop hands its partitions on
 /// without making the others wait for the TTL.
@@ -192,7 +191,9 @@ impl Store {
                     .map_err(StoreError::query(op))?;
                 let now = rows.first().map(decode_db_now).transpose()?;
                 (
-                    rows.iter().map(decode_lease).collect::<Result<Vec<_>, _>>()?,
+                    rows.iter()
+                        .map(decode_lease)
+                        .collect::<Result<Vec<_>, _>>()?,
                     now,
                 )
             }
@@ -203,7 +204,9 @@ impl Store {
                     .map_err(StoreError::query(op))?;
                 let now = rows.first().map(decode_db_now).transpose()?;
                 (
-                    rows.iter().map(decode_lease).collect::<Result<Vec<_>, _>>()?,
+                    rows.iter()
+                        .map(decode_lease)
+                        .collect::<Result<Vec<_>, _>>()?,
                     now,
                 )
             }
@@ -213,6 +216,26 @@ impl Store {
             None => self.db_now().await?,
         };
         Ok(LeaseView { db_now, leases })
+    }
+
+    /// Who holds each of `count` partitions now; on SQLite, `instance_id`
+    /// (the only instance) holds them all.
+    pub async fn partition_owners(
+        &self,
+        count: u32,
+        instance_id: &str,
+    ) -> Result<PartitionOwners, StoreError> {
+        if let Store::Sqlite(_) = self {
+            return Ok(PartitionOwners::single(count, instance_id));
+        }
+        let view = self.partition_leases().await?;
+        let mut owners = vec![None; count as usize];
+        for lease in &view.leases {
+            if let Some(slot) = owners.get_mut(lease.partition as usize) {
+                *slot = lease.live_holder(view.db_now).map(str::to_string);
+            }
+        }
+        Ok(PartitionOwners { count, owners })
     }
 
     /// Extends every lease `holder` still holds by `ttl_ms` from the
@@ -272,12 +295,7 @@ impl Store {
 
     /// Gives back every partition `holder` holds; returns how many.
     pub async fn release_all_partition_leases(&self, holder: &str) -> Result<u64, StoreError> {
-        execute!(
-            self,
-            "release partition leases",
-            RELEASE_ALL_LEASES,
-            holder
-        )
+        execute!(self, "release partition leases", RELEASE_ALL_LEASES, holder)
     }
 
     /// Records a request to cancel an open execution, for the instance

@@ -92,12 +92,11 @@ pub use batch::{
     TransitionOutcome,
 };
 pub use error::{Backend, StoreError};
-pub use executions::{
-    Claim, ClaimRequest, ERROR_CAP_BYTES, ExecutionFilter, Fence, Finish, OUTPUT_CAP_BYTES,
-    WORKER_LOST, new_execution_id,
-};
+pub use executions::{ERROR_CAP_BYTES, ExecutionFilter, OUTPUT_CAP_BYTES, WORKER_LOST};
 pub use instances::InstanceRow;
 pub use leases::{CancelRequest, LeaseView};
+
+pub use crate::lifecycle::{Claim, ClaimRequest, Fence, Finish, new_execution_id};
 
 /// SQLite's default busy handler gives up at once; writers from several
 /// tasks (refresher, workers, API) must wait for each other instead.

@@ -1,5 +1,6 @@
-//! The supervision tree: the root supervisor, its restart policy and the
-//! directory actors use to find each other.
+//! The supervision tree: the root supervisor and its restart policy. The
+//! directory actors use to find each other lives in [`crate::directory`]
+//! and is re-exported here.
 //!
 //! ractor's default `handle_supervisor_evt` stops the parent whenever a child
 //! exits, so the root supervisor overrides it: a failed or stopped child is
@@ -8,7 +9,6 @@
 //! SUPERVISOR_RESTART_WINDOW_SECONDS escalate: the service logs why and the
 //! process exits non-zero so systemd or Kubernetes restarts it.
 
-mod directory;
 pub mod policy;
 
 use std::collections::{BTreeMap, HashMap};
@@ -17,11 +17,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
-use serde::Serialize;
 use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
-pub use directory::Directory;
+pub use crate::directory::{ActorKind, Directory};
 pub use policy::{RestartDecision, RestartPolicy, backoff};
 
 use crate::actions::ActionRegistry;
@@ -39,65 +38,6 @@ use crate::messages::supervisor::SupervisorStats;
 use crate::messages::{LeaseMsg, MasterMsg, PlanMsg, RefresherMsg, SupervisorMsg, WriterMsg};
 use crate::metrics as m;
 use crate::store::{Store, TransitionBatcher};
-
-/// The long-lived actors under the root supervisor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ActorKind {
-    Plan,
-    Writer,
-    Refresher,
-    Lease,
-    MemoryGuard,
-    Master,
-}
-
-impl ActorKind {
-    /// Start order: the writer before the plan (the plan hands it snapshots),
-    /// the plan before the refresher (the refresher merges into it) and the
-    /// lease keeper (which tells it what this instance owns), the memory
-    /// guard before the master (which asks it whether to hold work back),
-    /// and the master last: it dispatches from the plan.
-    pub const START_ORDER: [ActorKind; 6] = [
-        ActorKind::Writer,
-        ActorKind::Plan,
-        ActorKind::Refresher,
-        ActorKind::Lease,
-        ActorKind::MemoryGuard,
-        ActorKind::Master,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ActorKind::Plan => "plan",
-            ActorKind::Writer => "writer",
-            ActorKind::Refresher => "refresher",
-            ActorKind::Lease => "lease",
-            ActorKind::MemoryGuard => "memory_guard",
-            ActorKind::Master => "master",
-        }
-    }
-}
-
-impl std::str::FromStr for ActorKind {
-    type Err = String;
-
-    fn from_str(name: &str) -> Result<ActorKind, String> {
-        ActorKind::START_ORDER
-            .into_iter()
-            .find(|kind| kind.as_str() == name)
-            .ok_or_else(|| {
-                let names: Vec<&str> = ActorKind::START_ORDER.iter().map(|k| k.as_str()).collect();
-                format!("unknown actor {name:?}; one of {}", names.join(", "))
-            })
-    }
-}
-
-impl fmt::Display for ActorKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// Why the supervisor gave up: sent to the service, which exits non-zero.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -3,7 +3,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
-use super::ActorKind;
+use crate::directory::ActorKind;
 use crate::model::Millis;
 
 /// What to do about a child that just failed.

@@ -1,4 +1,5 @@
-//! How actors find each other across restarts.
+//! The long-lived actors' names ([`ActorKind`]) and how actors find each
+//! other across restarts ([`Directory`]).
 //!
 //! A restarted actor has a new `ActorRef`, so nobody keeps one: each actor
 //! is registered under a name unique to its service instance and looked up
@@ -9,11 +10,70 @@ use std::fmt;
 use std::sync::Arc;
 
 use ractor::{ActorRef, Message};
+use serde::Serialize;
 
-use super::ActorKind;
 use crate::messages::{
     LeaseMsg, MasterMsg, MemoryGuardMsg, PlanMsg, RefresherMsg, SupervisorMsg, WriterMsg,
 };
+
+/// The long-lived actors under the root supervisor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ActorKind {
+    Plan,
+    Writer,
+    Refresher,
+    Lease,
+    MemoryGuard,
+    Master,
+}
+
+impl ActorKind {
+    /// Start order: the writer before the plan (the plan hands it snapshots),
+    /// the plan before the refresher (the refresher merges into it) and the
+    /// lease keeper (which tells it what this instance owns), the memory
+    /// guard before the master (which asks it whether to hold work back),
+    /// and the master last: it dispatches from the plan.
+    pub const START_ORDER: [ActorKind; 6] = [
+        ActorKind::Writer,
+        ActorKind::Plan,
+        ActorKind::Refresher,
+        ActorKind::Lease,
+        ActorKind::MemoryGuard,
+        ActorKind::Master,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ActorKind::Plan => "plan",
+            ActorKind::Writer => "writer",
+            ActorKind::Refresher => "refresher",
+            ActorKind::Lease => "lease",
+            ActorKind::MemoryGuard => "memory_guard",
+            ActorKind::Master => "master",
+        }
+    }
+}
+
+impl std::str::FromStr for ActorKind {
+    type Err = String;
+
+    fn from_str(name: &str) -> Result<ActorKind, String> {
+        ActorKind::START_ORDER
+            .into_iter()
+            .find(|kind| kind.as_str() == name)
+            .ok_or_else(|| {
+                let names: Vec<&str> = ActorKind::START_ORDER.iter().map(|k| k.as_str()).collect();
+                format!("unknown actor {name:?}; one of {}", names.join(", "))
+            })
+    }
+}
+
+impl fmt::Display for ActorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 #[derive(Clone)]
 pub struct Directory {

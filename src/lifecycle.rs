@@ -1,0 +1,108 @@
+//! The lifecycle API's types: a claim request, the won claim, the fence
+//! every later write of an occurrence carries, and its finish. Pure data
+//! (no sqlx, no I/O), so `plan` and `messages` can name them without
+//! depending on the store, which implements the statements.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::model::{BranchRule, Execution, ExecutionStatus, Millis};
+
+/// A fresh execution id for a claim made at `now`: a UUIDv7, so ids sort
+/// by creation time. Each batch's new executions then land together at the
+/// end of the primary-key index instead of on as many random pages, which
+/// a commit would all have to write.
+pub fn new_execution_id(now: Millis) -> Uuid {
+    let random = Uuid::new_v4();
+    let mut counter_random_bytes = [0u8; 10];
+    counter_random_bytes.copy_from_slice(&random.as_bytes()[..10]);
+    uuid::Builder::from_unix_timestamp_millis(now.max(0) as u64, &counter_random_bytes).into_uuid()
+}
+
+/// One attempt to claim a due branch rule for an occurrence.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimRequest {
+    pub branch_rule_id: Uuid,
+    /// INSTANCE_ID of the claimer; becomes `lock_holder` and the execution's `owner`.
+    pub holder: String,
+    pub now: Millis,
+    /// A lock older than this is considered abandoned and may be taken over.
+    pub lock_timeout_ms: Millis,
+    /// Chosen by the caller so a retried claim (outbox) is recognisable.
+    pub execution_id: Uuid,
+    /// Run now: ignore `next_run_time <= now` and use `now` as the
+    /// occurrence's `scheduled_for`. Every other condition still holds.
+    pub run_now: bool,
+}
+
+/// A won claim.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Claim {
+    /// As inserted: status Requested.
+    pub execution: Execution,
+    /// The branch rule row after the claim (locked, epoch incremented).
+    pub branch_rule: BranchRule,
+}
+
+impl Claim {
+    /// The fencing token every later write of this occurrence carries.
+    pub fn fence(&self) -> Fence {
+        Fence {
+            execution_id: self.execution.id,
+            branch_rule_id: self.branch_rule.id,
+            holder: self.execution.owner.clone(),
+            epoch: self.execution.lock_epoch,
+        }
+    }
+}
+
+/// Proof of ownership: a write lands only while `branch_rules.lock_holder`
+/// and `lock_epoch` still match, so an instance that lost its lock (taken
+/// over after a timeout, or released by recovery) changes nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Fence {
+    pub execution_id: Uuid,
+    pub branch_rule_id: Uuid,
+    pub holder: String,
+    pub epoch: i64,
+}
+
+/// The post-process of one occurrence.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Finish {
+    /// Must be terminal.
+    pub status: ExecutionStatus,
+    pub finished_at: Millis,
+    /// Cut to [`ERROR_CAP_BYTES`](crate::store::ERROR_CAP_BYTES).
+    pub error: Option<String>,
+    /// Replaced by a summary above [`OUTPUT_CAP_BYTES`](crate::store::OUTPUT_CAP_BYTES).
+    pub output: Option<Value>,
+    /// `None` leaves the branch rule's next_run_time as it is.
+    pub next_run_time: Option<Millis>,
+    /// Set last_run_time to `finished_at` (false e.g. for a cancel before
+    /// the handoff, when nothing ran).
+    pub advance_last_run: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn execution_ids_sort_by_the_time_they_were_made() {
+        let ids: Vec<Uuid> = (0..100)
+            .map(|n| new_execution_id(1_800_000_000_000 + n))
+            .collect();
+        assert!(ids.windows(2).all(|pair| pair[0] < pair[1]));
+        assert!(ids.iter().all(|id| id.get_version_num() == 7));
+        let same_ms: std::collections::HashSet<Uuid> = (0..1000)
+            .map(|_| new_execution_id(1_800_000_000_000))
+            .collect();
+        assert_eq!(
+            same_ms.len(),
+            1000,
+            "ids made in one millisecond still differ"
+        );
+    }
+}
