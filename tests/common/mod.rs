@@ -34,6 +34,7 @@
 #![allow(dead_code)]
 
 pub mod api;
+pub mod cluster;
 pub mod process;
 pub mod rules;
 pub mod service;
