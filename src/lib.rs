@@ -40,7 +40,8 @@
 //! | [`lifecycle`] | `Claim`, `ClaimRequest`, `Fence`, `Finish`, execution ids: the lifecycle types (pure) |
 //! | [`store`] | sqlx queries and migrations for SQLite and PostgreSQL |
 //! | [`persist`] | the plan file and shutdown marker, written atomically |
-//! | [`service`] | start-up, crash recovery, graceful shutdown |
+//! | [`recovery`] | crash recovery, takeover of silent instances, the INSTANCE_ID check |
+//! | [`service`] | start-up, graceful shutdown |
 //! | [`commands`] | the `ruled plan`, `preview` and `demo` commands |
 //! | [`config`], [`clock`], [`metrics`], [`model`] | configuration, time, metric names, rows |
 
@@ -60,6 +61,7 @@ pub mod model;
 pub mod persist;
 pub mod plan;
 pub mod queue;
+pub mod recovery;
 pub mod schedule;
 pub mod service;
 pub mod store;

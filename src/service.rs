@@ -12,22 +12,18 @@ use tracing::{error, info, warn};
 use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::actions::{ActionRegistry, ActionSettings};
-use crate::actors::lease::partition_text;
 use crate::actors::{AskError, ask};
 use crate::api::{ApiState, HttpServer};
 use crate::clock::{Clock, millis_to_utc};
-use crate::cluster::{self, InstanceIdVerdict, InstanceSeen};
 use crate::config::Config;
-use crate::config::hostname;
 use crate::directory::{ActorKind, Directory};
 use crate::memory::{SamplerFactory, system_sampler_factory};
 use crate::messages::SupervisorMsg;
 use crate::messages::supervisor::SupervisorStats;
 use crate::model::Millis;
-use crate::persist::{
-    PersistError, PreviousStop, ShutdownMarker, read_plan_file, take_marker, write_marker,
-};
-use crate::store::{Backend, Store, StoreError, TransitionBatcher};
+use crate::persist::{PersistError, PreviousStop, ShutdownMarker, take_marker, write_marker};
+use crate::recovery::{self, RecoveryError};
+use crate::store::{Store, StoreError, TransitionBatcher};
 use crate::supervision::{Escalation, RootSupervisor, SupervisorArgs};
 
 #[derive(Debug, thiserror::Error)]
@@ -51,16 +47,8 @@ pub enum ServiceError {
     Signal(std::io::Error),
     #[error("the supervisor did not answer: {0}")]
     Unresponsive(#[from] AskError),
-    #[error(
-        "INSTANCE_ID {instance_id:?} is in use by a live process (host {hostname}, pid {pid}, \
-         heartbeat {seconds_ago} s ago); give this process its own INSTANCE_ID"
-    )]
-    InstanceInUse {
-        instance_id: String,
-        hostname: String,
-        pid: i64,
-        seconds_ago: i64,
-    },
+    #[error(transparent)]
+    Recovery(#[from] RecoveryError),
 }
 
 /// Why [`Service::wait`] returned.
@@ -189,8 +177,8 @@ impl Service {
             clock
         };
         info!(backend = %store.backend(), instance_id = %config.instance_id, "Database ready");
-        claim_instance_id(&store, &config, clock.now_ms()).await?;
-        recover(&store, &config, clock.now_ms()).await?;
+        recovery::claim_instance_id(&store, &config, clock.now_ms()).await?;
+        recovery::recover_at_start(&store, &config, clock.now_ms()).await?;
         let batcher = TransitionBatcher::new(store.clone());
         // Bound before the actors start, so a taken port fails the start
         // rather than leaving a service nobody can reach.
@@ -318,101 +306,6 @@ impl Service {
     }
 }
 
-/// Refuses to start when a live process holds INSTANCE_ID; otherwise takes
-/// the id over (a crashed predecessor on this host is recovered at once).
-/// The verdict is [`cluster::instance_id_verdict`], on the database's clock.
-async fn claim_instance_id(
-    store: &Store,
-    config: &Config,
-    now: Millis,
-) -> Result<(), ServiceError> {
-    let me = &config.instance_id;
-    let hostname = hostname();
-    let pid = i64::from(std::process::id());
-    let seen = store.instance(me).await?.map(|row| InstanceSeen {
-        hostname: row.hostname,
-        pid: row.pid,
-        heartbeat_at: row.heartbeat_at,
-    });
-    let db_now = store.db_now().await?;
-    match cluster::instance_id_verdict(
-        seen.as_ref(),
-        &hostname,
-        pid,
-        db_now,
-        config.partition_lease_ttl,
-        process_alive,
-    ) {
-        InstanceIdVerdict::Free => {}
-        InstanceIdVerdict::CrashedPredecessor { pid: old } => {
-            warn!(instance_id = %me, "Previous process {old} on this host is gone; recovering its work");
-        }
-        InstanceIdVerdict::InUse {
-            hostname,
-            pid,
-            seconds_ago,
-        } => {
-            return Err(ServiceError::InstanceInUse {
-                instance_id: me.clone(),
-                hostname,
-                pid,
-                seconds_ago,
-            });
-        }
-    }
-    let partition = config.partition.map(partition_text);
-    store
-        .register_instance(me, &hostname, pid, now, partition.as_deref())
-        .await?;
-    Ok(())
-}
-
-/// Crash recovery in the database, in the order that loses nothing: first
-/// the plan file's outbox (finished jobs whose result never landed), then
-/// every execution this instance left non-terminal becomes Failed
-/// `worker_lost` and its lock is released, so the occurrence runs again as
-/// a new attempt. On SQLite there is only ever one instance, so every
-/// non-terminal execution found is ours.
-async fn recover(store: &Store, config: &Config, now: Millis) -> Result<(), ServiceError> {
-    if let Ok(Some(snapshot)) = read_plan_file(&config.plan_file) {
-        for entry in &snapshot.outbox {
-            match store.finish(&entry.fence, &entry.finish).await? {
-                Some(_) => {
-                    info!(execution_id = %entry.fence.execution_id, "📬 Delivered a result kept in the outbox")
-                }
-                None => {
-                    warn!(execution_id = %entry.fence.execution_id, "📮 Outbox entry fenced out")
-                }
-            }
-        }
-    }
-    let mut owners = vec![config.instance_id.clone()];
-    if store.backend() == Backend::Sqlite {
-        owners.extend(store.stale_owners(-1).await?);
-    }
-    owners.dedup();
-    for owner in owners {
-        let failed = store.recover_owner(&owner, now).await?;
-        if !failed.is_empty() {
-            warn!(
-                instance_id = %owner,
-                "💥 {} execution(s) left unfinished by a crash marked failed (worker_lost); they run again",
-                failed.len()
-            );
-            for execution in failed {
-                info!(
-                    execution_id = %execution.id,
-                    branch_rule_id = %execution.branch_rule_id,
-                    "worker_lost: attempt {} of the occurrence at {}",
-                    execution.attempt,
-                    millis_to_utc(execution.scheduled_for).to_rfc3339()
-                );
-            }
-        }
-    }
-    Ok(())
-}
-
 /// The clock anchored on the database's: the offset is measured once,
 /// halfway through a round trip, and the clock then runs on this host's
 /// monotonic time, so a step of the host's wall clock later moves nothing.
@@ -434,15 +327,6 @@ async fn align_to_database(store: &Store, clock: Clock) -> Result<Clock, Service
 /// Skew worth a line in the log: beyond it, a host without the database's
 /// time would misjudge claims and leases.
 const CLOCK_SKEW_WARNING_MS: Millis = 1_000;
-
-fn process_alive(pid: i64) -> bool {
-    let Ok(pid) = libc::pid_t::try_from(pid) else {
-        return false;
-    };
-    // SAFETY: signal 0 only checks that the process exists.
-    let rc = unsafe { libc::kill(pid, 0) };
-    rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
-}
 
 /// SIGTERM and SIGINT, caught from the moment this is created: a signal
 /// that arrives before anyone waits is kept, not lost to the default action

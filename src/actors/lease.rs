@@ -38,6 +38,7 @@ use crate::messages::lease::LeaseStatus;
 use crate::messages::{LeaseMsg, MasterMsg, PlanMsg};
 use crate::metrics as m;
 use crate::model::Millis;
+use crate::recovery;
 use crate::store::{Backend, Store, StoreError};
 
 pub struct LeaseActor;
@@ -321,35 +322,20 @@ impl LeaseState {
     /// Fails the open executions of instances silent for longer than the
     /// TTL and releases their claims, so their occurrences run again now.
     async fn take_over_silent(&mut self) {
-        let store = &self.args.store;
-        let stale = match store.stale_owners(self.ttl_ms()).await {
-            Ok(stale) => stale,
-            Err(e) => {
-                metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "stale_owners").increment(1);
-                debug!("Cannot look for silent instances: {e}");
-                return;
-            }
-        };
         let now = self.args.clock.now_ms();
         let me = self.me().to_string();
-        for owner in stale.into_iter().filter(|owner| *owner != me) {
-            match store.recover_owner(&owner, now).await {
-                Ok(failed) => {
-                    self.takeovers += 1;
-                    metrics::counter!(m::FAILOVERS_TOTAL).increment(1);
-                    warn!(
-                        instance_id = %owner,
-                        "🧹 Took over from silent instance {owner}: {} execution(s) failed worker_lost; their occurrences run again",
-                        failed.len()
-                    );
-                    if let Some(refresher) = self.args.directory.refresher() {
-                        let _ = refresher.cast(crate::messages::RefresherMsg::RefreshNow);
-                    }
+        match recovery::take_over_silent(&self.args.store, &me, self.ttl(), now).await {
+            Ok(taken) if !taken.is_empty() => {
+                self.takeovers += taken.len() as u64;
+                metrics::counter!(m::FAILOVERS_TOTAL).increment(taken.len() as u64);
+                if let Some(refresher) = self.args.directory.refresher() {
+                    let _ = refresher.cast(crate::messages::RefresherMsg::RefreshNow);
                 }
-                Err(e) => {
-                    metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "takeover").increment(1);
-                    warn!("Takeover of {owner} failed: {e}");
-                }
+            }
+            Ok(_) => {}
+            Err(e) => {
+                metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "takeover").increment(1);
+                debug!("Cannot take over silent instances: {e}");
             }
         }
     }

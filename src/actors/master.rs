@@ -5,7 +5,7 @@
 //! plan, a plan change, a free worker, and MASTER_FETCH_INTERVAL_SECONDS,
 //! so a rule starts within milliseconds of its due time.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,7 +27,8 @@ use crate::messages::{MasterMsg, MemoryGuardMsg, PlanMsg, RefresherMsg, WorkerMs
 use crate::metrics as m;
 use crate::model::{ExecutionStatus, Millis};
 use crate::plan::JobSpec;
-use crate::queue::{DedupReason, JobQueue};
+use crate::queue::{DedupReason, JobQueue, WorkerPool};
+use crate::recovery;
 use crate::store::{Store, Transition, TransitionBatcher};
 
 pub struct MasterActor;
@@ -43,11 +44,6 @@ pub struct MasterArgs {
     pub restarted: bool,
 }
 
-struct BusyWorker {
-    worker: ActorRef<WorkerMsg>,
-    job: Box<Job>,
-}
-
 struct Drain {
     reply: Option<RpcReplyPort<DrainReport>>,
     report: DrainReport,
@@ -57,11 +53,8 @@ struct Drain {
 pub struct MasterState {
     args: MasterArgs,
     queue: JobQueue<Box<Job>>,
-    idle: VecDeque<ActorRef<WorkerMsg>>,
-    busy: HashMap<ActorId, BusyWorker>,
-    /// Workers started and not yet stopped (idle, busy, or between the two).
-    alive: HashMap<ActorId, ActorRef<WorkerMsg>>,
-    next_worker_number: u64,
+    /// The workers: alive, idle, and busy with their jobs.
+    pool: WorkerPool<ActorId, ActorRef<WorkerMsg>, Box<Job>>,
     /// Rules whose claims are in flight: not fetched again meanwhile.
     claiming: HashSet<Uuid>,
     tick_generation: u64,
@@ -102,13 +95,11 @@ impl Actor for MasterActor {
             MasterMsg::RenewQueuedClaims
         });
         let throttled = memory_throttled(&args.directory).await;
+        let pool = WorkerPool::new(config.worker_count, !config.worker_single_job_mode);
         let mut state = MasterState {
             queue: JobQueue::new(config.recently_processed.as_millis() as Millis),
             args,
-            idle: VecDeque::new(),
-            busy: HashMap::new(),
-            alive: HashMap::new(),
-            next_worker_number: 1,
+            pool,
             claiming: HashSet::new(),
             tick_generation: 0,
             next_tick_at: None,
@@ -233,16 +224,10 @@ impl MasterState {
         if let Some(refresher) = args.directory.refresher() {
             let _ = ask(&refresher, RefresherMsg::DeliverOutbox).await;
         }
-        match args.store.recover_owner(instance_id, now).await {
+        match recovery::recover_own(&args.store, instance_id, now).await {
             Ok(lost) => {
-                for execution in &lost {
-                    metrics::counter!(m::JOBS_TOTAL, "outcome" => "failed").increment(1);
-                    warn!(
-                        branch_rule_id = %execution.branch_rule_id,
-                        execution_id = %execution.id,
-                        "💥 Job lost with the previous master (worker_lost); it runs again"
-                    );
-                }
+                metrics::counter!(m::JOBS_TOTAL, "outcome" => "failed")
+                    .increment(lost.len() as u64);
                 info!(
                     "👑 Master restarted: {} job(s) of the previous master recorded worker_lost",
                     lost.len()
@@ -319,7 +304,7 @@ impl MasterState {
         // A claim held longer than the workers need to reach it is a lease
         // kept from the other instances for nothing.
         let pending = self.queue.queued_len() + self.claiming.len();
-        let budget = (self.idle.len() + self.args.config.worker_count).saturating_sub(pending);
+        let budget = (self.pool.idle_len() + self.args.config.worker_count).saturating_sub(pending);
         let mut admitted = Vec::new();
         for spec in ready.jobs {
             if admitted.len() >= budget {
@@ -446,8 +431,11 @@ impl MasterState {
     /// waits for a commit of its own between the two states.
     async fn dispatch(&mut self) {
         let now = self.args.clock.now_ms();
-        while !self.throttled && !self.idle.is_empty() && self.queue.queued_len() > 0 {
-            let worker = self.idle.pop_front().expect("checked non-empty");
+        while !self.throttled && self.pool.idle_len() > 0 && self.queue.queued_len() > 0 {
+            let Some((key, worker)) = self.pool.take_idle() else {
+                break;
+            };
+            let worker = worker.clone();
             let (_, job) = self
                 .queue
                 .start_next(|job| job.execution_id())
@@ -463,8 +451,7 @@ impl MasterState {
                 scheduled,
             };
             if worker.cast(run).is_ok() {
-                self.busy
-                    .insert(worker.get_id(), BusyWorker { worker, job });
+                self.pool.assign(key, job);
             } else {
                 // The worker died between being idle and the handoff; its
                 // supervision event brings a fresh one.
@@ -476,11 +463,10 @@ impl MasterState {
     }
 
     async fn spawn_worker(&mut self, myself: &ActorRef<MasterMsg>) {
-        if self.drain.is_some() || self.alive.len() >= self.args.config.worker_count {
+        if self.drain.is_some() || !self.pool.has_room() {
             return;
         }
-        let number = self.next_worker_number;
-        self.next_worker_number += 1;
+        let number = self.pool.next_number();
         let args = WorkerArgs {
             number,
             config: Arc::clone(&self.args.config),
@@ -496,8 +482,7 @@ impl MasterState {
                 if self.throttled {
                     let _ = worker.cast(WorkerMsg::MemoryThrottle { throttled: true });
                 }
-                self.alive.insert(worker.get_id(), worker.clone());
-                self.idle.push_back(worker);
+                self.pool.started(worker.get_id(), worker);
                 if self.started {
                     // A claimed job may be waiting for exactly this worker:
                     // hand it over now rather than at the next tick.
@@ -521,7 +506,7 @@ impl MasterState {
             return;
         }
         self.throttled = throttled;
-        for worker in self.alive.values() {
+        for worker in self.pool.handles() {
             let _ = worker.cast(WorkerMsg::MemoryThrottle { throttled });
         }
         if throttled {
@@ -550,14 +535,11 @@ impl MasterState {
     /// that stops after its job reports twice (its message and its
     /// termination), in either order.
     fn settle(&mut self, myself: &ActorRef<MasterMsg>, worker: ActorId, branch_rule_id: Uuid) {
-        let Some(busy) = self.busy.remove(&worker) else {
+        if self.pool.job_done(worker).is_none() {
             return;
-        };
+        }
         self.queue.finish(branch_rule_id, self.args.clock.now_ms());
         self.run_ended(branch_rule_id);
-        if !self.args.config.worker_single_job_mode && self.alive.contains_key(&worker) {
-            self.idle.push_back(busy.worker);
-        }
         if let Some(drain) = self.drain.as_mut() {
             if drain.deadline_passed {
                 drain.report.cancelled_after_grace += 1;
@@ -584,11 +566,10 @@ impl MasterState {
         id: ActorId,
         failure: Option<String>,
     ) {
-        if self.alive.remove(&id).is_none() {
+        let Some(job) = self.pool.gone(id) else {
             return;
-        }
-        self.idle.retain(|worker| worker.get_id() != id);
-        match (failure, self.busy.get(&id).map(|busy| busy.job.clone())) {
+        };
+        match (failure, job.cloned()) {
             (None, Some(job)) => self.settle(myself, id, job.branch_rule_id()),
             (Some(reason), Some(job)) => {
                 error!(
@@ -681,15 +662,17 @@ impl MasterState {
             return CancelOutcome::CancelledBeforeHandoff;
         }
         let busy = self
-            .busy
-            .values()
-            .find(|busy| busy.job.execution_id() == execution_id);
-        if let Some(busy) = busy {
-            let _ = busy.worker.cast(WorkerMsg::Cancel {
-                execution_id,
-                reason: CancelReason::Requested,
-            });
-            info!(branch_rule_id = %busy.job.branch_rule_id(), %execution_id, "🛑 Cancel sent to the worker");
+            .pool
+            .busy()
+            .find(|(_, job)| job.execution_id() == execution_id);
+        if let Some((worker, job)) = busy {
+            if let Some(worker) = worker {
+                let _ = worker.cast(WorkerMsg::Cancel {
+                    execution_id,
+                    reason: CancelReason::Requested,
+                });
+            }
+            info!(branch_rule_id = %job.branch_rule_id(), %execution_id, "🛑 Cancel sent to the worker");
             return CancelOutcome::CancelSentToWorker;
         }
         CancelOutcome::NotInFlight
@@ -773,15 +756,10 @@ impl MasterState {
             self.queue.finish(*id, now);
             self.run_ended(*id);
         }
-        for busy in self.busy.values() {
-            let _ = busy.worker.cast(WorkerMsg::Cancel {
-                execution_id: busy.job.execution_id(),
-                reason: CancelReason::LockLost,
-            });
-        }
+        self.cancel_running(CancelReason::LockLost);
         warn!(
             "🚧 Self-fenced: {} running job(s) cancelled, {} queued claim(s) dropped, all unwritten",
-            self.busy.len(),
+            self.pool.busy_len(),
             queued.len()
         );
         self.publish_gauges();
@@ -789,14 +767,14 @@ impl MasterState {
 
     fn stats(&self) -> crate::queue::QueueStats {
         self.queue
-            .stats(self.args.config.worker_count, self.alive.len())
+            .stats(self.args.config.worker_count, self.pool.alive_len())
     }
 
     fn publish_gauges(&self) {
         metrics::gauge!(m::QUEUE_SIZE).set(self.queue.queued_len() as f64);
         metrics::gauge!(m::ACTIVE_JOBS).set(self.queue.active_len() as f64);
-        metrics::gauge!(m::WORKERS, "state" => "alive").set(self.alive.len() as f64);
-        metrics::gauge!(m::WORKERS, "state" => "busy").set(self.busy.len() as f64);
+        metrics::gauge!(m::WORKERS, "state" => "alive").set(self.pool.alive_len() as f64);
+        metrics::gauge!(m::WORKERS, "state" => "busy").set(self.pool.busy_len() as f64);
     }
 
     async fn start_drain(
@@ -807,7 +785,7 @@ impl MasterState {
     ) {
         info!(
             "👑 Master draining: no new dispatch; {} job(s) running",
-            self.busy.len()
+            self.pool.busy_len()
         );
         let mut report = DrainReport::default();
         for (_, job) in self.queue.drain_queued() {
@@ -820,7 +798,7 @@ impl MasterState {
             report,
             deadline_passed: false,
         });
-        if !self.busy.is_empty() {
+        if self.pool.busy_len() > 0 {
             myself.send_after(grace, || MasterMsg::DrainDeadline);
         }
         self.finish_drain_if_done();
@@ -833,13 +811,20 @@ impl MasterState {
         drain.deadline_passed = true;
         warn!(
             "Grace period over: cancelling {} running job(s)",
-            self.busy.len()
+            self.pool.busy_len()
         );
-        for busy in self.busy.values() {
-            let _ = busy.worker.cast(WorkerMsg::Cancel {
-                execution_id: busy.job.execution_id(),
-                reason: CancelReason::Shutdown,
-            });
+        self.cancel_running(CancelReason::Shutdown);
+    }
+
+    /// Tells every busy worker to cancel its job.
+    fn cancel_running(&self, reason: CancelReason) {
+        for (worker, job) in self.pool.busy() {
+            if let Some(worker) = worker {
+                let _ = worker.cast(WorkerMsg::Cancel {
+                    execution_id: job.execution_id(),
+                    reason,
+                });
+            }
         }
     }
 
@@ -847,7 +832,7 @@ impl MasterState {
         let Some(drain) = self.drain.as_mut() else {
             return;
         };
-        if !self.busy.is_empty() || !self.claiming.is_empty() {
+        if self.pool.busy_len() > 0 || !self.claiming.is_empty() {
             return;
         }
         if let Some(reply) = drain.reply.take() {

@@ -1,6 +1,10 @@
 //! The master's job queue (seed 004): FIFO order, O(1) dedup, active-job
 //! tracking and the recently-processed window. Pure: no actors, no I/O.
 
+mod pool;
+
+pub use pool::WorkerPool;
+
 use std::collections::{HashMap, HashSet, VecDeque};
 
 use serde::Serialize;
