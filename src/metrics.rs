@@ -84,6 +84,7 @@ pub const ALL: &[&str] = &[
 /// The `op` label values of [`DB_ERRORS_TOTAL`]; a unit test checks that
 /// every one recorded in `src/` is listed.
 pub const DB_ERROR_OPS: &[&str] = &[
+    "action_steps",
     "claim",
     "finish",
     "cancel_requests",

@@ -242,18 +242,41 @@ impl WorkerState {
         metrics::histogram!(m::DISPATCH_LAG_SECONDS).record(lag_ms as f64 / 1000.0);
 
         let steps = match job.spec.steps.clone() {
-            Some(steps) => Ok(steps),
+            Some(steps) => steps,
             // Past the plan's action-details cap: read them now.
-            None => args
-                .store
-                .action_steps(branch_rule_id)
-                .await
-                .map(|rows| {
-                    rows.into_iter()
-                        .map(|(detail, template)| JobStep { detail, template })
-                        .collect()
-                })
-                .map_err(|e| format!("cannot read the action details: {e}")),
+            None => match args.store.action_steps(branch_rule_id).await {
+                Ok(rows) => rows
+                    .into_iter()
+                    .map(|(detail, template)| JobStep { detail, template })
+                    .collect(),
+                Err(e) => {
+                    // Nothing ran: the occurrence is not consumed. It is
+                    // recorded Failed with the reason and, its next run
+                    // left as it was, claimed again as the next attempt.
+                    metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "action_steps").increment(1);
+                    warn!(%branch_rule_id, %execution_id, "Worker-{} could not read the action details; the occurrence runs again: {e}", args.number);
+                    let finish = Finish {
+                        status: ExecutionStatus::Failed,
+                        finished_at: now,
+                        error: Some(format!(
+                            "cannot read the action details: {e}; nothing ran, the occurrence runs again"
+                        )),
+                        output: None,
+                        next_run_time: None,
+                        advance_last_run: false,
+                    };
+                    let recorded =
+                        record_finish(&args.batcher, &args.directory, &job.fence, finish, now)
+                            .await;
+                    if let Recorded::InOutbox(e) = recorded {
+                        warn!(%branch_rule_id, %execution_id, "Failure kept in the outbox: {e}");
+                    }
+                    metrics::counter!(m::JOBS_TOTAL, "outcome" => "failed").increment(1);
+                    self.report(&job, ExecutionStatus::Failed);
+                    myself.stop(Some("action details unreadable".into()));
+                    return;
+                }
+            },
         };
         let (cancel_tx, cancel_rx) = oneshot::channel();
         let registry = args.registry.clone();
@@ -261,17 +284,14 @@ impl WorkerState {
         let execution_id = job.execution_id();
         let worker = myself.clone();
         tokio::spawn(async move {
-            let outcome = match steps {
-                // The actions run in a task of their own so that a panicking
-                // action is seen here as a failed job, with its message,
-                // instead of a job that never reports back.
-                Ok(steps) => tokio::spawn(async move {
-                    run_steps(&registry, execution_id, &steps, timeout, cancel_rx).await
-                })
-                .await
-                .unwrap_or_else(|e| failed(format!("action panicked: {}", panic_message(e)))),
-                Err(error) => failed(error),
-            };
+            // The actions run in a task of their own so that a panicking
+            // action is seen here as a failed job, with its message, instead
+            // of a job that never reports back.
+            let outcome = tokio::spawn(async move {
+                run_steps(&registry, execution_id, &steps, timeout, cancel_rx).await
+            })
+            .await
+            .unwrap_or_else(|e| failed(format!("action panicked: {}", panic_message(e))));
             let _ = worker.cast(WorkerMsg::ActionsDone(Box::new(outcome)));
         });
         let renew_every = args.config.schedule_lock_timeout / 3;
