@@ -11,7 +11,9 @@ use std::sync::Arc;
 
 use ractor::{ActorRef, Message};
 use serde::Serialize;
+use tokio::sync::watch;
 
+use crate::messages::refresher::RefresherStats;
 use crate::messages::{
     LeaseMsg, MasterMsg, MemoryGuardMsg, PlanMsg, RefresherMsg, SupervisorMsg, WriterMsg,
 };
@@ -78,6 +80,10 @@ impl fmt::Display for ActorKind {
 #[derive(Clone)]
 pub struct Directory {
     prefix: Arc<str>,
+    /// The refresher's latest statistics, published after every refresh:
+    /// `/readyz` reads them without queueing behind a busy refresher's
+    /// mailbox, and a restarted refresher publishes into the same channel.
+    refresher_stats: Arc<watch::Sender<RefresherStats>>,
 }
 
 impl fmt::Debug for Directory {
@@ -96,7 +102,18 @@ impl Directory {
     pub fn new() -> Directory {
         Directory {
             prefix: format!("ruled-{}", uuid::Uuid::new_v4().simple()).into(),
+            refresher_stats: Arc::new(watch::channel(RefresherStats::default()).0),
         }
+    }
+
+    /// The refresher's statistics as of its last refresh.
+    pub fn refresher_stats(&self) -> RefresherStats {
+        self.refresher_stats.borrow().clone()
+    }
+
+    /// Called by the refresher after each refresh.
+    pub fn publish_refresher_stats(&self, stats: &RefresherStats) {
+        self.refresher_stats.send_replace(stats.clone());
     }
 
     pub fn name_of(&self, kind: ActorKind) -> String {

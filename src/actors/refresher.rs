@@ -44,6 +44,9 @@ pub struct RefresherState {
     /// first full read, which every (re)start begins with.
     watermark: Option<Millis>,
     last_full_at: Option<Millis>,
+    /// A refresh is asked for and queued behind what the mailbox holds: any
+    /// number of nudges meanwhile (5,000 API creates) add nothing to it.
+    refresh_pending: bool,
 }
 
 impl Actor for RefresherActor {
@@ -67,6 +70,7 @@ impl Actor for RefresherActor {
             stats: RefresherStats::default(),
             watermark: None,
             last_full_at: None,
+            refresh_pending: false,
         })
     }
 
@@ -82,7 +86,18 @@ impl Actor for RefresherActor {
                 state.refresh().await;
                 myself.send_after(state.config.plan_refresh_interval, || RefresherMsg::Tick);
             }
-            RefresherMsg::RefreshNow => state.refresh().await,
+            RefresherMsg::RefreshNow => {
+                // Coalesce: one refresh after the nudges already queued,
+                // however many there are.
+                if !state.refresh_pending {
+                    state.refresh_pending = true;
+                    myself.send_message(RefresherMsg::RefreshPending)?;
+                }
+            }
+            RefresherMsg::RefreshPending => {
+                state.refresh_pending = false;
+                state.refresh().await;
+            }
             RefresherMsg::DeliverOutbox(reply) => {
                 let pending = state.deliver_outbox().await;
                 let _ = reply.send(pending);
@@ -136,6 +151,11 @@ impl RefresherState {
     /// One refresh. Every failure is logged and counted, and the last plan
     /// stays in place: a database outage must never stop the refresher.
     async fn refresh(&mut self) {
+        self.refresh_and_count().await;
+        self.directory.publish_refresher_stats(&self.stats);
+    }
+
+    async fn refresh_and_count(&mut self) {
         let started = Instant::now();
         match self.try_refresh().await {
             Ok(report) => {

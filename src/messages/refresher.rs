@@ -11,6 +11,9 @@ pub enum RefresherMsg {
     /// Refresh now rather than at the next tick: the API changed a rule, or
     /// the plan was rebuilt and wants the database's view.
     RefreshNow,
+    /// The coalesced refresh that nudges asked for (sent by the refresher
+    /// to itself once per burst of [`RefresherMsg::RefreshNow`]).
+    RefreshPending,
     /// Delivers the plan's outbox now; replies with how many entries are
     /// still pending (graceful shutdown).
     DeliverOutbox(RpcReplyPort<usize>),
