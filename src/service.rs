@@ -169,7 +169,9 @@ impl Service {
                 warn!("⚠️ Cannot tell how the last run ended: {reason}")
             }
         }
-        let store = Store::connect(&config.database_url).await?;
+        let idle_in_transaction =
+            (config.partition_lease_ttl / 3).clamp(Duration::from_secs(1), Duration::from_secs(10));
+        let store = Store::connect_with(&config.database_url, idle_in_transaction).await?;
         store.migrate().await?;
         let clock = if options.align_clock {
             align_to_database(&store, clock).await?

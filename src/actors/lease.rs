@@ -23,13 +23,14 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tokio::task::JoinHandle;
 use tracing::{debug, error, info, warn};
 use uuid::Uuid;
 
-use crate::actors::ask;
 use crate::clock::Clock;
 use crate::cluster::{self, LiveInstance, Ownership};
 use crate::config::{Config, Partition, hostname};
@@ -59,7 +60,11 @@ pub struct LeaseState {
     /// that never lands.
     started_at: Millis,
     fenced: bool,
-    takeovers: u64,
+    /// Instances taken over, counted by the takeover task.
+    takeovers: Arc<AtomicU64>,
+    /// The takeover in progress, if any: it runs beside the renewals, never
+    /// in front of them, since it may wait on a frozen peer's row locks.
+    takeover: Option<JoinHandle<()>>,
     /// Cancel requests already handed to the master.
     forwarded: HashSet<Uuid>,
 }
@@ -83,7 +88,8 @@ impl Actor for LeaseActor {
             last_ok_sent: None,
             started_at,
             fenced: false,
-            takeovers: 0,
+            takeovers: Arc::new(AtomicU64::new(0)),
+            takeover: None,
             forwarded: HashSet::new(),
         })
     }
@@ -105,7 +111,7 @@ impl Actor for LeaseActor {
                     ownership: state.ownership.clone(),
                     last_heartbeat_at: state.last_ok_sent,
                     fenced: state.fenced,
-                    takeovers: state.takeovers,
+                    takeovers: state.takeovers.load(Ordering::Relaxed),
                 });
             }
             LeaseMsg::ReleaseAll(reply) => {
@@ -161,7 +167,7 @@ impl LeaseState {
             debug!("Partition leases not balanced this round: {e}");
         }
         self.publish();
-        self.take_over_silent().await;
+        self.take_over_silent();
         self.forward_cancel_requests().await;
     }
 
@@ -321,23 +327,39 @@ impl LeaseState {
 
     /// Fails the open executions of instances silent for longer than the
     /// TTL and releases their claims, so their occurrences run again now.
-    async fn take_over_silent(&mut self) {
-        let now = self.args.clock.now_ms();
+    /// Runs as a task of its own, one at a time: a frozen peer's open
+    /// transaction can hold its rows until the database ends it, and the
+    /// renewals must go on meanwhile or every lease would lapse.
+    fn take_over_silent(&mut self) {
+        if self
+            .takeover
+            .as_ref()
+            .is_some_and(|task| !task.is_finished())
+        {
+            return;
+        }
+        let store = self.args.store.clone();
+        let directory = self.args.directory.clone();
         let me = self.me().to_string();
-        match recovery::take_over_silent(&self.args.store, &me, self.ttl(), now).await {
-            Ok(taken) if !taken.is_empty() => {
-                self.takeovers += taken.len() as u64;
-                metrics::counter!(m::FAILOVERS_TOTAL).increment(taken.len() as u64);
-                if let Some(refresher) = self.args.directory.refresher() {
-                    let _ = refresher.cast(crate::messages::RefresherMsg::RefreshNow);
+        let ttl = self.ttl();
+        let now = self.args.clock.now_ms();
+        let takeovers = Arc::clone(&self.takeovers);
+        self.takeover = Some(tokio::spawn(async move {
+            match recovery::take_over_silent(&store, &me, ttl, now).await {
+                Ok(taken) if !taken.is_empty() => {
+                    takeovers.fetch_add(taken.len() as u64, Ordering::Relaxed);
+                    metrics::counter!(m::FAILOVERS_TOTAL).increment(taken.len() as u64);
+                    if let Some(refresher) = directory.refresher() {
+                        let _ = refresher.cast(crate::messages::RefresherMsg::RefreshNow);
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "takeover").increment(1);
+                    debug!("Cannot take over silent instances: {e}");
                 }
             }
-            Ok(_) => {}
-            Err(e) => {
-                metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "takeover").increment(1);
-                debug!("Cannot take over silent instances: {e}");
-            }
-        }
+        }));
     }
 
     /// Cancel and force-stop requests recorded through any instance's API
@@ -361,23 +383,27 @@ impl LeaseState {
                 continue;
             }
             let execution_id = request.execution_id;
-            match ask(&master, |reply| MasterMsg::Cancel {
+            // Cast, not ask: a busy master must not hold up the renewals.
+            let (reply, answer) = tokio::sync::oneshot::channel();
+            let sent = master.cast(MasterMsg::Cancel {
                 execution_id,
-                reply,
-            })
-            .await
-            {
-                Ok(outcome) => info!(
-                    branch_rule_id = %request.branch_rule_id,
-                    %execution_id,
-                    "🛑 Acted on a {} request recorded in the database: {outcome:?}",
-                    request.reason
-                ),
-                Err(e) => {
-                    self.forwarded.remove(&execution_id);
-                    debug!(%execution_id, "The master did not take the cancel request: {e}");
-                }
+                reply: reply.into(),
+            });
+            if sent.is_err() {
+                self.forwarded.remove(&execution_id);
+                continue;
             }
+            let branch_rule_id = request.branch_rule_id;
+            let reason = request.reason;
+            tokio::spawn(async move {
+                if let Ok(outcome) = answer.await {
+                    info!(
+                        %branch_rule_id,
+                        %execution_id,
+                        "🛑 Acted on a {reason} request recorded in the database: {outcome:?}"
+                    );
+                }
+            });
         }
     }
 

@@ -108,6 +108,8 @@ const POSTGRES_MAX_CONNECTIONS: u32 = 16;
 /// Long enough to ride out a short burst, short enough that a dead database
 /// surfaces as an error the caller can log and retry.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
+/// See [`Store::connect_with`]; for tools and tests that do not say.
+const DEFAULT_IDLE_IN_TRANSACTION: Duration = Duration::from_secs(10);
 
 static SQLITE_MIGRATOR: Migrator = sqlx::migrate!("./migrations/sqlite");
 static POSTGRES_MIGRATOR: Migrator = sqlx::migrate!("./migrations/postgres");
@@ -132,10 +134,24 @@ impl Store {
     ///
     /// Any other scheme is [`StoreError::InvalidUrl`].
     pub async fn connect(url: &str) -> Result<Store, StoreError> {
+        Store::connect_with(url, DEFAULT_IDLE_IN_TRANSACTION).await
+    }
+
+    /// [`Store::connect`], with PostgreSQL ending any session of this pool
+    /// that sits idle inside a transaction for longer than
+    /// `idle_in_transaction`. ruled never waits on anything but the database
+    /// inside a transaction, so such a session belongs to a frozen process
+    /// (SIGSTOP, a stalled VM), whose row locks would otherwise stall every
+    /// other instance's takeover of it. The service passes a third of the
+    /// lease TTL, so the locks are free before its peers act.
+    pub async fn connect_with(
+        url: &str,
+        idle_in_transaction: Duration,
+    ) -> Result<Store, StoreError> {
         let scheme = url.split_once(':').map_or("", |(scheme, _)| scheme);
         match scheme {
             "sqlite" => connect_sqlite(url).await,
-            "postgres" | "postgresql" => connect_postgres(url).await,
+            "postgres" | "postgresql" => connect_postgres(url, idle_in_transaction).await,
             _ => Err(StoreError::InvalidUrl {
                 scheme: scheme.to_string(),
             }),
@@ -248,15 +264,22 @@ fn create_dir(dir: &Path) -> Result<(), StoreError> {
     })
 }
 
-async fn connect_postgres(url: &str) -> Result<Store, StoreError> {
+async fn connect_postgres(url: &str, idle_in_transaction: Duration) -> Result<Store, StoreError> {
     let connect_error = |error| StoreError::Connect {
         backend: Backend::Postgres,
         target: redact_password(url),
         error,
     };
-    let options = PgConnectOptions::from_str(url)
+    let mut options = PgConnectOptions::from_str(url)
         .map_err(connect_error)?
-        .application_name("ruled");
+        .options([(
+            "idle_in_transaction_session_timeout",
+            idle_in_transaction.as_millis().max(1),
+        )]);
+    // An operator's `?application_name=` (one per instance, say) wins.
+    if options.get_application_name().is_none() {
+        options = options.application_name("ruled");
+    }
     let pool = PgPoolOptions::new()
         .max_connections(POSTGRES_MAX_CONNECTIONS)
         .acquire_timeout(ACQUIRE_TIMEOUT)
