@@ -13,8 +13,19 @@
 //! scenario says otherwise, so a fault plays out in seconds. Logs of the
 //! last run of each scenario stay in `target/tmp/chaos-logs/<scenario>/`.
 //!
+//! The scenarios (three instances each): a herd of 10,000 rules due at
+//! once; `kill -9` of the busiest instance mid-job; `kill -9` and an
+//! immediate restart under the same INSTANCE_ID; SIGSTOP past the TTL, then
+//! SIGCONT; SIGSTOP under load, aimed inside an open transaction; one
+//! instance cut off the database (its own role: NOLOGIN and its backends
+//! terminated) for 60 s; clock skew of +90 s and -90 s (libfaketime), then
+//! `kill -9` of the one ahead; a rolling restart; a queue longer than the
+//! claim lease, with and without `kill -9`; cancel and force-stop sent to
+//! another instance; and a test of the checker itself on a forged history.
+//!
 //! Knobs (environment of `cargo test`): `CHAOS_HERD_RULES` (10000),
-//! `CHAOS_DB_CUT_SECONDS` (60).
+//! `CHAOS_DB_CUT_SECONDS` (60; the whole suite takes about 3 minutes on
+//! two cores with it).
 
 mod common;
 
@@ -48,16 +59,19 @@ where
         .build()
         .unwrap();
     let started = Instant::now();
-    runtime.block_on(async {
+    let ran = runtime.block_on(async {
         let Some(db) = common::postgres_db().await else {
-            return;
+            return false;
         };
         scenario(db).await;
+        true
     });
-    eprintln!(
-        "[{name}] passed in {:.1} s",
-        started.elapsed().as_secs_f64()
-    );
+    if ran {
+        eprintln!(
+            "[{name}] passed in {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+    }
 }
 
 fn env_number(name: &str, default: u64) -> u64 {
@@ -188,15 +202,17 @@ fn failover_ms(executions: &[Exec], lost: &[Exec], fault_ms: i64) -> i64 {
 fn herd_of_rules_due_at_once_runs_each_exactly_once() {
     run("herd", |db| async move {
         let n = env_number("CHAOS_HERD_RULES", 10_000) as usize;
-        // A throughput scenario, not a failover one: a TTL the loaded host
-        // cannot miss.
+        // A throughput scenario, not a failover one: a lease TTL the loaded
+        // host cannot miss. The claim lease is the 6 s of issue 11's report
+        // (3,000 rules due, queued claims expired, 449 run twice): the
+        // queue takes far longer than that to drain.
         let cluster = Cluster::start(
             &db,
             3,
             &[
                 ("PARTITION_LEASE_TTL_SECONDS", "10"),
                 ("PARTITION_LEASE_RETRY_SECONDS", "1"),
-                ("SCHEDULE_LOCK_TIMEOUT_SECONDS", "30"),
+                ("SCHEDULE_LOCK_TIMEOUT_SECONDS", "6"),
                 ("RUST_LOG", "info,ruled::actors::worker=warn"),
             ],
         )
@@ -279,6 +295,66 @@ fn kill_9_of_the_busiest_instance_mid_job_fails_over() {
         cluster
             .wait_until_cluster_ready(cluster.ttl * 3 + Duration::from_secs(5))
             .await;
+    });
+}
+
+/// `kill -9` and an immediate restart under the same INSTANCE_ID, as a
+/// supervisor would do: the new process (recovering its predecessor's
+/// work) and the survivors (taking over a silent peer) must not both run
+/// a lost occurrence again.
+#[test]
+fn kill_9_and_immediate_restart_runs_each_lost_occurrence_once() {
+    run("kill9_restart", |db| async move {
+        let cluster = Cluster::start(&db, 3, &[("WORKER_COUNT", "30")]).await;
+        cluster.wait_until_cluster_ready(READY).await;
+        let due = cluster
+            .seed(60, Action::Sleep(3_000), Due::DbNow(0), 0)
+            .await;
+        let expect = Expect::completed(&due);
+        let busiest = wait_until_running(&cluster, 40, None, Duration::from_secs(30)).await;
+        let victim = cluster.index_of(&busiest);
+        let kill_ms = wall_ms();
+        cluster.kill9(victim);
+        cluster
+            .wait_until_quiet(victim, Duration::from_secs(10))
+            .await;
+        let snapshot = cluster.executions().await;
+        let lost = open_of(&snapshot, &busiest);
+        let due_during = unfinished(&due, &snapshot);
+        cluster.restart(victim);
+        cluster
+            .wait_until_all_done(&expect, cluster.ttl + Duration::from_secs(40))
+            .await;
+        cluster.wait_until_cluster_ready(READY).await;
+        let executions = cluster
+            .check_invariants(&expect.clone().with_recovery(kill_ms, due_during))
+            .await;
+        let mut offenders = Vec::new();
+        for old in &lost {
+            let now = executions.iter().find(|e| e.id == old.id).unwrap();
+            let later: Vec<&Exec> = executions
+                .iter()
+                .filter(|e| e.occurrence() == old.occurrence() && e.attempt > old.attempt)
+                .collect();
+            if now.status != "failed" || later.len() != 1 || later[0].status != "completed" {
+                let all: Vec<String> = executions
+                    .iter()
+                    .filter(|e| e.occurrence() == old.occurrence())
+                    .map(ToString::to_string)
+                    .collect();
+                offenders.push(format!("{}: {}", old.occurrence(), all.join(" ")));
+            }
+        }
+        assert!(
+            offenders.is_empty(),
+            "lost attempts not failed and run again exactly once:\n  {}",
+            offenders.join("\n  ")
+        );
+        eprintln!(
+            "[kill9_restart] {busiest} killed with {} job(s) and restarted; the last ran again {} ms after the kill",
+            lost.len(),
+            failover_ms(&executions, &lost, kill_ms)
+        );
     });
 }
 
@@ -398,6 +474,127 @@ fn sigstop_past_the_ttl_then_sigcont_changes_nothing() {
     });
 }
 
+/// SIGSTOP in the middle of a herd, when the frozen instance is likely to
+/// be inside a transaction (its group commit), holding row locks nobody
+/// will release until it wakes: the survivors must still close its work
+/// within TTL + 5 s, and run everything once. No recovery bound on the
+/// whole herd: two instances drain the rest at their own pace.
+#[test]
+fn sigstop_under_load_is_taken_over_all_the_same() {
+    run("sigstop_load", |db| async move {
+        let cluster =
+            Cluster::start(&db, 3, &[("RUST_LOG", "info,ruled::actors::worker=warn")]).await;
+        cluster.wait_until_cluster_ready(READY).await;
+        let due = cluster.seed(6_000, Action::Noop, Due::DbNow(0), 0).await;
+        let expect = Expect::completed(&due);
+        cluster
+            .poll(
+                "a sixth of the herd has run",
+                Duration::from_secs(60),
+                || async {
+                    let left = unfinished(&due, &cluster.executions().await).len();
+                    if left <= due.len() * 5 / 6 {
+                        Ok(())
+                    } else {
+                        Err(format!("{left} left"))
+                    }
+                },
+            )
+            .await;
+        let snapshot = cluster.executions().await;
+        let busiest = count_by(
+            &snapshot
+                .iter()
+                .filter(|e| e.is_open())
+                .cloned()
+                .collect::<Vec<_>>(),
+            |e| e.owner.clone().unwrap_or_default(),
+        )
+        .into_iter()
+        .max_by_key(|(_, n)| *n)
+        .map(|(owner, _)| owner)
+        .expect("open executions");
+        let victim = cluster.index_of(&busiest);
+        // Aim the stop inside one of its transactions: stop, let what it
+        // sent land, and look; if no transaction is left open, wake it and
+        // try again (a hundred tries at most; the test goes on either
+        // way, the aim only makes the fault nastier).
+        let mut stop_ms = 0;
+        for attempt in 1..=100 {
+            stop_ms = wall_ms();
+            cluster.sigstop(victim);
+            cluster
+                .wait_until_quiet(victim, Duration::from_secs(10))
+                .await;
+            let states = cluster.backend_states(victim).await;
+            let holds_work = !open_of(&cluster.executions().await, &busiest).is_empty();
+            if holds_work && states.keys().any(|s| s.starts_with("idle in transaction")) {
+                eprintln!("[sigstop_load] stopped inside a transaction at try {attempt}");
+                break;
+            }
+            if attempt == 100 && holds_work {
+                eprintln!("[sigstop_load] never caught it inside a transaction; stopped anyway");
+                break;
+            }
+            assert!(
+                attempt < 100,
+                "{busiest} ran out of work before it could be stopped"
+            );
+            cluster.sigcont(victim);
+        }
+        let stale_ids: BTreeSet<String> = cluster
+            .executions()
+            .await
+            .iter()
+            .filter(|e| e.is_open() && e.owner.as_deref() == Some(busiest.as_str()))
+            .map(|e| e.id.clone())
+            .collect();
+        let backends = cluster.backend_states(victim).await;
+        assert!(!stale_ids.is_empty(), "{busiest} held no work when stopped");
+        eprintln!(
+            "[sigstop_load] stopped {busiest} with {} open execution(s); its backends by state: {backends:?}",
+            stale_ids.len()
+        );
+        let took = cluster
+            .poll(
+                &format!("the survivors close the stopped {busiest}'s work"),
+                cluster.ttl + Duration::from_secs(5),
+                || async {
+                    let open = cluster
+                        .executions()
+                        .await
+                        .iter()
+                        .filter(|e| e.is_open() && e.owner.as_deref() == Some(busiest.as_str()))
+                        .count();
+                    if open == 0 {
+                        Ok(())
+                    } else {
+                        Err(format!(
+                            "{open} execution(s) of {busiest} still open; leases held {:?}; \
+                             backends waiting on a lock:{}",
+                            cluster.held().await,
+                            cluster.lock_waits().await
+                        ))
+                    }
+                },
+            )
+            .await;
+        eprintln!(
+            "[sigstop_load] {busiest}'s work closed {} ms after the stop",
+            wall_ms() - stop_ms
+        );
+        let _ = took;
+        cluster.sigcont(victim);
+        cluster
+            .wait_until_all_done(&expect, Duration::from_secs(120))
+            .await;
+        cluster
+            .wait_until_cluster_ready(cluster.ttl * 3 + Duration::from_secs(10))
+            .await;
+        cluster.check_invariants(&expect).await;
+    });
+}
+
 // ---------------------------------------------------------------------------
 // 4. One instance's database connections cut
 // ---------------------------------------------------------------------------
@@ -410,16 +607,8 @@ fn sigstop_past_the_ttl_then_sigcont_changes_nothing() {
 fn one_instance_cut_off_the_database_is_taken_over_and_rejoins() {
     run("db_cut", |db| async move {
         let cut_for = Duration::from_secs(env_number("CHAOS_DB_CUT_SECONDS", 60));
-        let cluster = Cluster::start_with(
-            &db,
-            3,
-            &[("WORKER_COUNT", "20")],
-            Options {
-                roles: true,
-                ..Options::default()
-            },
-        )
-        .await;
+        let cluster =
+            Cluster::start_with(&db, 3, &[("WORKER_COUNT", "20")], Options::default()).await;
         cluster.wait_until_cluster_ready(READY).await;
         let victim = 1;
         let b = cluster.id(victim).to_string();

@@ -218,16 +218,28 @@ impl Expect {
 // ---------------------------------------------------------------------------
 
 /// Options beyond the environment.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Options {
     /// Extra environment per instance (after the shared overrides).
     pub per_instance_env: Vec<Vec<(String, String)>>,
     /// Each instance connects as a PostgreSQL role of its own (needed by
-    /// [`Cluster::cut`]).
+    /// [`Cluster::cut`]; on by default).
     pub roles: bool,
     /// A libfaketime offset per instance (`"+90s"`, `"-90s"`); `None`
     /// runs that instance on the real clock.
     pub faketime: Vec<Option<String>>,
+}
+
+impl Default for Options {
+    /// A role per instance: its backends are told apart by `usename`
+    /// whatever `application_name` ruled gives its connections.
+    fn default() -> Options {
+        Options {
+            per_instance_env: Vec::new(),
+            roles: true,
+            faketime: Vec::new(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -463,6 +475,19 @@ impl Cluster {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
+        // Should the test process itself die (a CI timeout), take the child
+        // with it.
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: prctl(2) only, between fork and exec.
+            unsafe {
+                command.pre_exec(|| {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                    Ok(())
+                });
+            }
+        }
         let child = command
             .spawn()
             .unwrap_or_else(|e| panic!("spawn {BIN} for {}: {e}", instance.id));
@@ -663,15 +688,63 @@ impl Cluster {
     /// How many backends the instance has open, and how many are busy (in a
     /// statement, not idle or idle in a transaction).
     pub async fn backends(&self, i: usize) -> (i64, i64) {
-        let row = sqlx::query(
-            "SELECT count(*) AS total, count(*) FILTER (WHERE state = 'active') AS active \
-             FROM pg_stat_activity WHERE application_name = $1",
+        let states = self.backend_states(i).await;
+        let total = states.values().sum();
+        (total, states.get("active").copied().unwrap_or(0))
+    }
+
+    /// The instance's backends by `pg_stat_activity.state`, found by its
+    /// role when it has one (ruled may name its connections itself), else
+    /// by `application_name`.
+    pub async fn backend_states(&self, i: usize) -> BTreeMap<String, i64> {
+        let (sql, key) = match &self.instances[i].role {
+            Some(role) => (
+                "SELECT COALESCE(state, '') AS state, count(*) AS n FROM pg_stat_activity \
+                 WHERE usename = $1 GROUP BY state",
+                role.as_str(),
+            ),
+            None => (
+                "SELECT COALESCE(state, '') AS state, count(*) AS n FROM pg_stat_activity \
+                 WHERE application_name = $1 GROUP BY state",
+                self.id(i),
+            ),
+        };
+        sqlx::query(sql)
+            .bind(key)
+            .fetch_all(&self.pool)
+            .await
+            .expect("read pg_stat_activity")
+            .iter()
+            .map(|row| (row.get::<String, _>("state"), row.get::<i64, _>("n")))
+            .collect()
+    }
+
+    /// Backends waiting on a lock, who they wait on, and what they run: the
+    /// evidence when a frozen instance's open transaction blocks the rest.
+    pub async fn lock_waits(&self) -> String {
+        let rows = sqlx::query(
+            "SELECT w.usename AS waiter, w.application_name AS app, \
+             (now() - w.query_start)::text AS waiting, left(w.query, 160) AS query, \
+             COALESCE((SELECT string_agg(b.usename || ' ' || b.state || ' ' || left(b.query, 100), '; ') \
+               FROM pg_stat_activity b WHERE b.pid = ANY(pg_blocking_pids(w.pid))), '') AS blockers \
+             FROM pg_stat_activity w WHERE w.wait_event_type = 'Lock' AND w.datname = current_database()",
         )
-        .bind(self.id(i))
-        .fetch_one(&self.pool)
+        .fetch_all(&self.pool)
         .await
-        .expect("read pg_stat_activity");
-        (row.get("total"), row.get("active"))
+        .expect("read lock waits");
+        let mut out = String::new();
+        for row in &rows {
+            let _ = write!(
+                out,
+                "\n    {} ({}) waiting {} in `{}` blocked by [{}]",
+                row.get::<Option<String>, _>("waiter").unwrap_or_default(),
+                row.get::<Option<String>, _>("app").unwrap_or_default(),
+                row.get::<Option<String>, _>("waiting").unwrap_or_default(),
+                row.get::<Option<String>, _>("query").unwrap_or_default(),
+                row.get::<String, _>("blockers"),
+            );
+        }
+        out
     }
 
     /// Waits until instance `i` has no statement in progress on the server:
@@ -974,7 +1047,8 @@ impl Cluster {
     /// 3. no execution is open and no branch rule is locked or flagged
     ///    running;
     /// 4. every occurrence due during a fault ran (its completed attempt
-    ///    started) within TTL + 5 s of max(the fault's end, its due time).
+    ///    started) within TTL + 5 s of max(the fault's end, its due time);
+    /// 5. no instance logged a deadlock or a panic.
     pub async fn check_invariants(&self, expect: &Expect) -> Vec<Exec> {
         match self.violations(expect).await {
             Ok(executions) => executions,
@@ -1114,6 +1188,22 @@ impl Cluster {
                 &offenders,
             );
         }
+
+        // 5. Issue 11's "claims deadlock between instances", and panics,
+        // show only in the logs.
+        let mut offenders = Vec::new();
+        for instance in &self.instances {
+            for line in instance.log().lines() {
+                if line.contains("deadlock detected") || line.contains("panicked at") {
+                    offenders.push(format!("{}: {line}", instance.id));
+                }
+            }
+        }
+        report(
+            &mut failures,
+            "5 (no deadlock and no panic in any instance's log)",
+            &offenders,
+        );
 
         if failures.is_empty() {
             Ok(executions)
