@@ -306,39 +306,35 @@ pub(super) trait GroupedConn {
     ) -> Result<Vec<Self::Row>, StoreError>;
 }
 
-impl GroupedConn for sqlx::SqliteConnection {
-    type Row = sqlx::sqlite::SqliteRow;
-    const CLAIM_ROW_LOCK: &'static str = "";
+/// sqlx's own connections: the one-transition path (`claims`) on both
+/// backends and the batcher on PostgreSQL.
+macro_rules! sqlx_grouped_conn {
+    ($conn:ty, $row:ty, $row_lock:expr) => {
+        impl GroupedConn for $conn {
+            type Row = $row;
+            const CLAIM_ROW_LOCK: &'static str = $row_lock;
 
-    async fn fetch(
-        &mut self,
-        op: &'static str,
-        sql: String,
-        binds: Vec<Bind>,
-    ) -> Result<Vec<Self::Row>, StoreError> {
-        bound_query!(sql, binds)
-            .fetch_all(self)
-            .await
-            .map_err(StoreError::query(op))
-    }
+            async fn fetch(
+                &mut self,
+                op: &'static str,
+                sql: String,
+                binds: Vec<Bind>,
+            ) -> Result<Vec<Self::Row>, StoreError> {
+                bound_query!(sql, binds)
+                    .fetch_all(self)
+                    .await
+                    .map_err(StoreError::query(op))
+            }
+        }
+    };
 }
 
-impl GroupedConn for sqlx::PgConnection {
-    type Row = sqlx::postgres::PgRow;
-    const CLAIM_ROW_LOCK: &'static str = " FOR UPDATE OF b SKIP LOCKED";
-
-    async fn fetch(
-        &mut self,
-        op: &'static str,
-        sql: String,
-        binds: Vec<Bind>,
-    ) -> Result<Vec<Self::Row>, StoreError> {
-        bound_query!(sql, binds)
-            .fetch_all(self)
-            .await
-            .map_err(StoreError::query(op))
-    }
-}
+sqlx_grouped_conn!(sqlx::SqliteConnection, sqlx::sqlite::SqliteRow, "");
+sqlx_grouped_conn!(
+    sqlx::PgConnection,
+    sqlx::postgres::PgRow,
+    " FOR UPDATE OF b SKIP LOCKED"
+);
 
 /// Runs every transition of a batch with set-based statements on one
 /// connection, inside a transaction the caller owns. `Err` means a

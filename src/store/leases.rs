@@ -182,39 +182,17 @@ impl Store {
     /// Every lease row, in partition order, with the database's clock.
     pub async fn partition_leases(&self) -> Result<LeaseView, StoreError> {
         let sql = SELECT_LEASES.for_store(self);
-        let op = "select partition leases";
-        let (leases, now) = match self {
-            Store::Sqlite(pool) => {
-                let rows = sqlx::query(sql)
-                    .fetch_all(pool)
-                    .await
-                    .map_err(StoreError::query(op))?;
-                let now = rows.first().map(decode_db_now).transpose()?;
-                (
-                    rows.iter()
-                        .map(decode_lease)
-                        .collect::<Result<Vec<_>, _>>()?,
-                    now,
-                )
-            }
-            Store::Postgres(pool) => {
-                let rows = sqlx::query(sql)
-                    .fetch_all(pool)
-                    .await
-                    .map_err(StoreError::query(op))?;
-                let now = rows.first().map(decode_db_now).transpose()?;
-                (
-                    rows.iter()
-                        .map(decode_lease)
-                        .collect::<Result<Vec<_>, _>>()?,
-                    now,
-                )
-            }
-        };
-        let db_now = match now {
-            Some(now) => now,
+        let rows = fetch_all!(
+            self,
+            "select partition leases",
+            |row| Ok((decode_lease(row)?, decode_db_now(row)?)),
+            sql
+        )?;
+        let db_now = match rows.first() {
+            Some((_, now)) => *now,
             None => self.db_now().await?,
         };
+        let leases = rows.into_iter().map(|(lease, _)| lease).collect();
         Ok(LeaseView { db_now, leases })
     }
 
