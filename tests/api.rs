@@ -311,7 +311,22 @@ both_backends!(
                 &missing.to_string(),
             );
         }
-        assert_eq!(api.get("/api/v1/plan").await.status, StatusCode::OK);
+        let plan = api.get("/api/v1/plan").await;
+        assert_eq!(plan.status, StatusCode::OK);
+        // Times are RFC 3339 here too, like every other endpoint's.
+        let workflow = &plan.json["workflows"][0];
+        for time in [
+            &plan.json["saved_at"],
+            &workflow["branch_rule"]["next_run_time"],
+            &workflow["branch_rule"]["created_at"],
+        ] {
+            let text = time
+                .as_str()
+                .unwrap_or_else(|| panic!("{time} in {}", plan.text));
+            chrono::DateTime::parse_from_rfc3339(text).unwrap();
+        }
+        assert!(workflow["partition"].is_u64(), "{workflow}");
+        assert!(workflow["partition_owner"].is_string(), "{workflow}");
         assert!(api.get("/api/v1/plan/ready").await.json["ready"].is_array());
         let stats = api.get("/api/v1/stats").await;
         assert!(

@@ -430,7 +430,28 @@ pub async fn plan(State(s): State<ApiState>) -> ApiResult<Json<Value>> {
     }
     // Action params live in the snapshot too.
     value = super::present::redact(&value);
+    times_as_rfc3339(&mut value);
     Ok(Json(value))
+}
+
+/// Epoch-millisecond times in the plan snapshot, at any depth, as RFC 3339
+/// strings like every other endpoint's: a key ending in `_at` or `_time`, or
+/// `scheduled_for`.
+fn times_as_rfc3339(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            for (key, value) in map.iter_mut() {
+                let is_time =
+                    key.ends_with("_at") || key.ends_with("_time") || key == "scheduled_for";
+                match value.as_i64() {
+                    Some(ms) if is_time => *value = rfc3339(ms),
+                    _ => times_as_rfc3339(value),
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(times_as_rfc3339),
+        _ => {}
+    }
 }
 
 pub async fn plan_ready(State(s): State<ApiState>) -> ApiResult<Json<Value>> {
