@@ -55,6 +55,79 @@ impl FromStr for Partition {
     }
 }
 
+/// One bearer token of API_TOKENS (or API_TOKEN, named [`API_TOKEN_NAME`])
+/// and the name recorded as `created_by`/`updated_by` and in the audit log
+/// for changes made with it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct NamedToken {
+    pub name: String,
+    pub token: String,
+}
+
+/// The name API_TOKEN's token goes by, so a single-token install still
+/// records who changed a row.
+pub const API_TOKEN_NAME: &str = "api";
+
+/// The seed's `f_creator`/`f_updater` are VARCHAR(40).
+pub const MAX_TOKEN_NAME_LEN: usize = 40;
+
+impl std::fmt::Debug for NamedToken {
+    // A config printed for debugging must not leak a credential.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "NamedToken({:?}, ***)", self.name)
+    }
+}
+
+/// Parses API_TOKENS (`name:token,name:token`). The reason never quotes a
+/// token, since start-up errors reach logs.
+fn parse_named_tokens(text: &str) -> Result<Vec<NamedToken>, String> {
+    let mut tokens: Vec<NamedToken> = Vec::new();
+    for (index, entry) in text.split(',').map(str::trim).enumerate() {
+        let position = index + 1;
+        if entry.is_empty() {
+            return Err(format!("entry {position} is empty; expected name:token,…"));
+        }
+        let Some((name, token)) = entry.split_once(':') else {
+            return Err(format!(
+                "entry {position} has no ':'; expected name:token,…"
+            ));
+        };
+        let (name, token) = (name.trim(), token.trim());
+        if name.is_empty() || name.len() > MAX_TOKEN_NAME_LEN {
+            return Err(format!(
+                "entry {position}: the name must be 1 to {MAX_TOKEN_NAME_LEN} characters"
+            ));
+        }
+        if !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '@'))
+        {
+            return Err(format!(
+                "entry {position}: the name {name:?} may hold only letters, digits and _ - . @"
+            ));
+        }
+        if token.is_empty() || token.chars().any(char::is_whitespace) {
+            return Err(format!(
+                "entry {position} ({name}): the token must be non-empty and without spaces"
+            ));
+        }
+        if tokens.iter().any(|t| t.name == name) {
+            return Err(format!("the name {name:?} is used twice"));
+        }
+        if tokens.iter().any(|t| t.token == token) {
+            // One token with two names would make `created_by` a guess.
+            return Err(format!(
+                "entry {position} ({name}) repeats another entry's token"
+            ));
+        }
+        tokens.push(NamedToken {
+            name: name.to_string(),
+            token: token.to_string(),
+        });
+    }
+    Ok(tokens)
+}
+
 /// More partitions than this only cost lease rows and renewals.
 pub const MAX_PARTITION_COUNT: u32 = 4096;
 
@@ -113,8 +186,13 @@ pub struct Config {
     pub shutdown_marker_file: PathBuf,
     /// HTTP_ADDR, default 127.0.0.1:8080.
     pub http_addr: SocketAddr,
-    /// API_TOKEN, default unset (the API is read-only).
+    /// API_TOKEN, default unset (the API is read-only). Its changes are
+    /// recorded as made by [`API_TOKEN_NAME`].
     pub api_token: Option<String>,
+    /// API_TOKENS (`name:token,…`), default empty: more bearer tokens, each
+    /// with the name recorded as `created_by`/`updated_by` and in the audit
+    /// log. See [`Config::tokens`].
+    pub api_tokens: Vec<NamedToken>,
     /// INSTANCE_ID, default the hostname.
     pub instance_id: String,
     /// PARTITION, default unset: with a static `k/N` this instance prefers
@@ -175,6 +253,7 @@ impl Default for Config {
             shutdown_marker_file: PathBuf::from("data/shutdown_marker.json"),
             http_addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
             api_token: None,
+            api_tokens: Vec::new(),
             instance_id: hostname(),
             partition: None,
             partition_count: 64,
@@ -211,6 +290,19 @@ pub fn hostname() -> String {
 }
 
 impl Config {
+    /// Every accepted bearer token with its name: API_TOKENS, then
+    /// API_TOKEN as [`API_TOKEN_NAME`]. Empty means the API is read-only.
+    pub fn tokens(&self) -> Vec<NamedToken> {
+        let mut tokens = self.api_tokens.clone();
+        if let Some(token) = &self.api_token {
+            tokens.push(NamedToken {
+                name: API_TOKEN_NAME.to_string(),
+                token: token.clone(),
+            });
+        }
+        tokens
+    }
+
     /// Reads `.env` if present, then the process environment.
     pub fn from_env() -> Result<Config, ConfigError> {
         // A missing .env is the normal case; a malformed one is not worth
@@ -346,6 +438,25 @@ impl Config {
         env.path("SHUTDOWN_MARKER_FILE", &mut c.shutdown_marker_file)?;
         env.parsed("HTTP_ADDR", &mut c.http_addr)?;
         c.api_token = env.get("API_TOKEN");
+        if let Some(text) = env.get("API_TOKENS") {
+            // Not env.error: its value would quote every token.
+            let hidden = |reason: String| ConfigError {
+                variable: "API_TOKENS",
+                value: "***".to_string(),
+                reason,
+            };
+            c.api_tokens = parse_named_tokens(&text).map_err(hidden)?;
+            if let Some(token) = &c.api_token {
+                if c.api_tokens.iter().any(|t| t.name == API_TOKEN_NAME) {
+                    return Err(hidden(format!(
+                        "the name {API_TOKEN_NAME:?} is API_TOKEN's; choose another"
+                    )));
+                }
+                if c.api_tokens.iter().any(|t| &t.token == token) {
+                    return Err(hidden("an entry repeats API_TOKEN's token".to_string()));
+                }
+            }
+        }
         if let Some(id) = env.get("INSTANCE_ID") {
             c.instance_id = id;
         }
@@ -672,5 +783,46 @@ mod tests {
         assert_eq!(c.log_format, LogFormat::Json);
         assert_eq!(c.api_token.as_deref(), Some("s3cret"));
         assert!(c.worker_count >= 10);
+    }
+
+    #[test]
+    fn named_tokens_are_read_with_api_token_as_api() {
+        let c = config(&[
+            ("API_TOKENS", " alice:a-1 , bob:b:2"),
+            ("API_TOKEN", "legacy"),
+        ])
+        .unwrap();
+        let tokens: Vec<(String, String)> =
+            c.tokens().into_iter().map(|t| (t.name, t.token)).collect();
+        assert_eq!(
+            tokens,
+            [
+                ("alice".to_string(), "a-1".to_string()),
+                ("bob".to_string(), "b:2".to_string()),
+                ("api".to_string(), "legacy".to_string()),
+            ]
+        );
+        assert!(!format!("{c:?}").contains("a-1"), "Debug leaks a token");
+        assert!(config(&[]).unwrap().tokens().is_empty());
+    }
+
+    #[test]
+    fn bad_api_tokens_name_the_variable_and_hide_the_tokens() {
+        for (value, reason) in [
+            ("alice", "no ':'"),
+            ("alice:", "non-empty"),
+            (":secret-x", "1 to 40"),
+            ("al ice:secret-x", "only letters"),
+            ("alice:secret-x,,bob:y", "entry 2 is empty"),
+            ("alice:secret-x,alice:y", "used twice"),
+            ("alice:secret-x,bob:secret-x", "repeats"),
+            ("api:secret-x", "API_TOKEN's"),
+        ] {
+            let err = config(&[("API_TOKENS", value), ("API_TOKEN", "t")]).unwrap_err();
+            assert_eq!(err.variable, "API_TOKENS", "{value}");
+            let text = err.to_string();
+            assert!(text.contains(reason), "{value}: {text}");
+            assert!(!text.contains("secret-x"), "{value}: {text}");
+        }
     }
 }

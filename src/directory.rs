@@ -120,6 +120,12 @@ impl Directory {
         format!("{}/{kind}", self.prefix)
     }
 
+    /// `Worker-N`'s name: unique within the service (numbers only grow),
+    /// and what the log names it by.
+    pub fn worker_name(&self, number: u64) -> String {
+        format!("{}/worker-{number}", self.prefix)
+    }
+
     pub fn supervisor_name(&self) -> String {
         format!("{}/supervisor", self.prefix)
     }

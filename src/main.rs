@@ -192,7 +192,144 @@ fn init_logging(format: LogFormat) {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     match format {
+        // JSON is for machines: every span and field, as tracing has them.
         LogFormat::Json => builder.json().init(),
-        LogFormat::Pretty => builder.init(),
+        LogFormat::Pretty => builder.event_format(pretty::ActorFormat).init(),
+    }
+}
+
+/// The console format. ractor wraps every actor's work in `Actor{id name}`
+/// spans whose names carry the service's 32-hex namespace, nested once
+/// per supervisor level; printed as they are they push the message off
+/// the screen. This format prints the innermost actor's short name
+/// (`[master]`, `[lease]`, `[worker#0.7]` for an unnamed one) instead, and
+/// every other span and field as the default format does.
+mod pretty {
+    use std::fmt;
+
+    use tracing::{Event, Level, Subscriber};
+    use tracing_subscriber::fmt::format::Writer;
+    use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
+    use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
+    use tracing_subscriber::registry::LookupSpan;
+
+    /// The name ractor gives its spans.
+    const ACTOR_SPAN: &str = "Actor";
+
+    pub struct ActorFormat;
+
+    impl<S, N> FormatEvent<S, N> for ActorFormat
+    where
+        S: Subscriber + for<'a> LookupSpan<'a>,
+        N: for<'a> FormatFields<'a> + 'static,
+    {
+        fn format_event(
+            &self,
+            ctx: &FmtContext<'_, S, N>,
+            mut writer: Writer<'_>,
+            event: &Event<'_>,
+        ) -> fmt::Result {
+            let ansi = writer.has_ansi_escapes();
+            SystemTime.format_time(&mut writer)?;
+            let level = *event.metadata().level();
+            if ansi {
+                write!(writer, " {}{level:>5}\x1b[0m ", color(level))?;
+            } else {
+                write!(writer, " {level:>5} ")?;
+            }
+            let mut actor = None;
+            if let Some(scope) = ctx.event_scope() {
+                for span in scope.from_root() {
+                    let extensions = span.extensions();
+                    let fields = extensions
+                        .get::<FormattedFields<N>>()
+                        .map(|f| f.fields.as_str())
+                        .unwrap_or("");
+                    if span.name() == ACTOR_SPAN {
+                        actor = Some(short_name(fields, event.metadata().target()));
+                    } else if fields.is_empty() {
+                        write!(writer, "{}: ", span.name())?;
+                    } else {
+                        write!(writer, "{}{{{fields}}}: ", span.name())?;
+                    }
+                }
+            }
+            if let Some(actor) = actor {
+                write!(writer, "[{actor}] ")?;
+            }
+            write!(writer, "{}: ", event.metadata().target())?;
+            ctx.field_format().format_fields(writer.by_ref(), event)?;
+            writeln!(writer)
+        }
+    }
+
+    fn color(level: Level) -> &'static str {
+        match level {
+            Level::ERROR => "\x1b[31m",
+            Level::WARN => "\x1b[33m",
+            Level::INFO => "\x1b[32m",
+            Level::DEBUG => "\x1b[34m",
+            Level::TRACE => "\x1b[35m",
+        }
+    }
+
+    /// `master` from `id="0.6" name="ruled-<32 hex>/master"`; an actor
+    /// without a name is its module (the event's target) and ractor id.
+    pub fn short_name(fields: &str, target: &str) -> String {
+        let fields = strip_ansi(fields);
+        if let Some(name) = quoted(&fields, "name=") {
+            return name.rsplit('/').next().unwrap_or(&name).to_string();
+        }
+        let module = target.rsplit("::").next().unwrap_or(target);
+        match quoted(&fields, "id=") {
+            Some(id) => format!("{module}#{id}"),
+            None => module.to_string(),
+        }
+    }
+
+    fn quoted(fields: &str, key: &str) -> Option<String> {
+        let start = fields
+            .match_indices(key)
+            .find(|(i, _)| *i == 0 || fields.as_bytes()[i - 1] == b' ')?
+            .0
+            + key.len();
+        let rest = fields[start..].strip_prefix('"')?;
+        Some(rest.split('"').next()?.to_string())
+    }
+
+    /// Span fields are stored already formatted, with colour codes when
+    /// the console has colour.
+    fn strip_ansi(text: &str) -> String {
+        let mut out = String::with_capacity(text.len());
+        let mut chars = text.chars();
+        while let Some(c) = chars.next() {
+            if c == '\x1b' {
+                for c in chars.by_ref() {
+                    if c.is_ascii_alphabetic() {
+                        break;
+                    }
+                }
+            } else {
+                out.push(c);
+            }
+        }
+        out
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::short_name;
+
+        #[test]
+        fn actors_are_named_briefly() {
+            let named = r#"id="0.6" name="ruled-0518cb699b994d71b5334ce722b1d7d7/master""#;
+            assert_eq!(short_name(named, "ruled::actors::master"), "master");
+            assert_eq!(
+                short_name(r#"id="0.7""#, "ruled::actors::worker"),
+                "worker#0.7"
+            );
+            let coloured = "\x1b[3mid\x1b[0m\x1b[2m=\x1b[0m\"0.3\" \x1b[3mname\x1b[0m\x1b[2m=\x1b[0m\"ns/lease\"";
+            assert_eq!(short_name(coloured, "x"), "lease");
+        }
     }
 }

@@ -50,8 +50,16 @@ pub const FAILOVERS_TOTAL: &str = "ruled_failovers_total";
 pub const PARTITION_LEASE_CHANGES_TOTAL: &str = "ruled_partition_lease_changes_total";
 pub const SELF_FENCES_TOTAL: &str = "ruled_self_fences_total";
 
+// History kept (issue 12): catalog deletes that would erase executions.
+pub const CATALOG_ARCHIVED_TOTAL: &str = "ruled_catalog_archived_total";
+pub const CATALOG_DELETES_REFUSED_TOTAL: &str = "ruled_catalog_deletes_refused_total";
+
+// Quarantine of bad plan rows (DESIGN §5, hardening names).
+pub const PLAN_ROWS_REJECTED_TOTAL: &str = "ruled_plan_rows_rejected_total";
+
 /// Every name above, for tests and docs.
 pub const ALL: &[&str] = &[
+    PLAN_ROWS_REJECTED_TOTAL,
     PLAN_WORKFLOWS,
     PLAN_REFRESH_TOTAL,
     PLAN_REFRESH_DURATION_SECONDS,
@@ -79,6 +87,8 @@ pub const ALL: &[&str] = &[
     FAILOVERS_TOTAL,
     PARTITION_LEASE_CHANGES_TOTAL,
     SELF_FENCES_TOTAL,
+    CATALOG_ARCHIVED_TOTAL,
+    CATALOG_DELETES_REFUSED_TOTAL,
 ];
 
 /// The `op` label values of [`DB_ERRORS_TOTAL`]; a unit test checks that
@@ -100,12 +110,40 @@ pub const DB_ERROR_OPS: &[&str] = &[
     "takeover",
 ];
 
+/// The `table` label values of [`PLAN_ROWS_REJECTED_TOTAL`]: the tables
+/// the plan reads.
+pub const PLAN_TABLES: &[&str] = &[
+    "brands",
+    "branches",
+    "rules",
+    "brand_rules",
+    "action_templates",
+    "branch_rules",
+    "action_details",
+];
+
+/// The (table, reason) series of [`PLAN_ROWS_REJECTED_TOTAL`] that can
+/// occur beside `decode`, which any table can have.
+const REJECTED_VALUE_SERIES: &[(&str, &str)] = &[
+    ("rules", "cron"),
+    ("brand_rules", "cron"),
+    ("branches", "zone"),
+    ("branch_rules", "window"),
+];
+
 /// The `kind` label values of [`PLAN_MERGE_CHANGES_TOTAL`].
 pub const MERGE_CHANGE_KINDS: &[&str] = &["added", "updated", "removed", "preserved", "pruned"];
 
 /// Describes every metric to the installed recorder.
 pub fn describe_all() {
-    describe_gauge!(PLAN_WORKFLOWS, "Workflows in the execution plan, by state.");
+    describe_gauge!(
+        PLAN_WORKFLOWS,
+        "Workflows in the execution plan, by state (active, held, inactive, running, removed)."
+    );
+    describe_counter!(
+        PLAN_ROWS_REJECTED_TOTAL,
+        "Plan rows quarantined (kept out of the plan), by table and reason (decode, cron, zone, window); counted once when a row enters the quarantine."
+    );
     describe_counter!(
         PLAN_REFRESH_TOTAL,
         "Plan refreshes from SQL, by result (ok, error)."
@@ -203,6 +241,14 @@ pub fn describe_all() {
         SELF_FENCES_TOTAL,
         "Times this instance could not renew its heartbeat within the lease TTL and stopped its own jobs."
     );
+    describe_counter!(
+        CATALOG_ARCHIVED_TOTAL,
+        "Brands, branches, rules and branch rules archived (?cascade=archive) with their history kept, by table."
+    );
+    describe_counter!(
+        CATALOG_DELETES_REFUSED_TOTAL,
+        "Deletes refused because the row has execution history, by table."
+    );
     describe_gauge!(
         ACTOR_ALIVE,
         "1 while the supervisor has the actor running, 0 while it waits to restart it, by actor."
@@ -217,6 +263,12 @@ pub fn register_known_series() {
     use metrics::{counter, gauge, histogram};
     for result in ["ok", "error"] {
         counter!(PLAN_REFRESH_TOTAL, "result" => result).increment(0);
+    }
+    for table in PLAN_TABLES {
+        counter!(PLAN_ROWS_REJECTED_TOTAL, "table" => *table, "reason" => "decode").increment(0);
+    }
+    for (table, reason) in REJECTED_VALUE_SERIES {
+        counter!(PLAN_ROWS_REJECTED_TOTAL, "table" => *table, "reason" => *reason).increment(0);
     }
     for kind in MERGE_CHANGE_KINDS {
         counter!(PLAN_MERGE_CHANGES_TOTAL, "kind" => *kind).increment(0);
@@ -255,6 +307,10 @@ pub fn register_known_series() {
     gauge!(PARTITION_LEASES_HELD).set(0.0);
     counter!(FAILOVERS_TOTAL).increment(0);
     counter!(SELF_FENCES_TOTAL).increment(0);
+    for table in ["brands", "branches", "rules", "branch_rules"] {
+        counter!(CATALOG_ARCHIVED_TOTAL, "table" => table).increment(0);
+        counter!(CATALOG_DELETES_REFUSED_TOTAL, "table" => table).increment(0);
+    }
     for change in ["acquired", "released", "lost"] {
         counter!(PARTITION_LEASE_CHANGES_TOTAL, "change" => change).increment(0);
     }

@@ -236,3 +236,59 @@ pub struct Execution {
     pub created_at: Millis,
     pub updated_at: Millis,
 }
+
+/// Why a row was kept out of the plan: the bounded `reason` label of
+/// `ruled_plan_rows_rejected_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RejectReason {
+    /// A column does not fit the model (a non-UUID id, bad JSON, a NULL).
+    Decode,
+    Cron,
+    Zone,
+    Window,
+}
+
+impl RejectReason {
+    pub const ALL: [RejectReason; 4] = [
+        RejectReason::Decode,
+        RejectReason::Cron,
+        RejectReason::Zone,
+        RejectReason::Window,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RejectReason::Decode => "decode",
+            RejectReason::Cron => "cron",
+            RejectReason::Zone => "zone",
+            RejectReason::Window => "window",
+        }
+    }
+}
+
+/// A row of a plan table kept out of the plan (quarantined): it could not
+/// be decoded, or its cron expression, zone or window is invalid.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RejectedRow {
+    pub table: String,
+    /// The row's id as stored, which need not be a UUID.
+    pub id: String,
+    /// The column at fault.
+    pub field: String,
+    pub reason: RejectReason,
+    pub message: String,
+    /// For an action detail: the branch rule it belongs to, when that
+    /// column could still be read, so the rule is held rather than run
+    /// without one of its steps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub branch_rule_id: Option<Uuid>,
+}
+
+/// One read of the plan tables: the rows that decoded, and those that did
+/// not (each named, so one bad row never stops a refresh).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PlanLoad {
+    pub data: PlanData,
+    pub rejected: Vec<RejectedRow>,
+}

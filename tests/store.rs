@@ -14,6 +14,17 @@ use uuid::Uuid;
 const CAP: usize = 1500;
 
 /// DESIGN.md §2, plus created_at/updated_at on every table.
+/// The catalog tables, which carry `created_by` and `updated_by`.
+const CATALOG_TABLES: &[&str] = &[
+    "brands",
+    "branches",
+    "rules",
+    "brand_rules",
+    "action_templates",
+    "branch_rules",
+    "action_details",
+];
+
 const DESIGN_COLUMNS: &[(&str, &[&str])] = &[
     ("brands", &["id", "name", "settings"]),
     (
@@ -379,6 +390,14 @@ both_backends!(
         for (table, columns) in DESIGN_COLUMNS {
             let mut expected: Vec<String> = columns.iter().map(|c| c.to_string()).collect();
             expected.extend(["created_at".to_string(), "updated_at".to_string()]);
+            // DESIGN §5: who changed each catalog row; brands, branches and
+            // rules with history are archived, not deleted.
+            if CATALOG_TABLES.contains(table) {
+                expected.extend(["created_by".to_string(), "updated_by".to_string()]);
+            }
+            if ["brands", "branches", "rules"].contains(table) {
+                expected.push("archived_at".to_string());
+            }
             expected.sort();
             assert_eq!(column_names(&store, table).await, expected, "table {table}");
         }

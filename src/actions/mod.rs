@@ -77,13 +77,14 @@ mod fields;
 pub mod http;
 pub mod noop;
 mod registry;
+pub mod secrets;
 pub mod sleep;
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 use uuid::Uuid;
 
 use crate::model::{ActionDetail, ActionTemplate};
@@ -135,13 +136,37 @@ impl ActionCall {
             action_detail_id: detail.id,
             position: detail.position,
             kind: template.kind.clone(),
-            config: merge_config(&template.config, &detail.params),
+            config: merged_with_secret_keys(&template.config, &detail.params),
         }
     }
 }
 
-/// Configs carry secrets (HTTP headers, command env), and a `{:?}` in a log
-/// line must not leak them.
+/// [`merge_config`], except that the `secret_keys` of both sides are kept:
+/// a detail listing its own must not unmark the template's.
+fn merged_with_secret_keys(template_config: &Value, params: &Value) -> Value {
+    let mut merged = merge_config(template_config, params);
+    let listed = |v: &Value| -> Vec<Value> {
+        v.get(secrets::SECRET_KEYS_FIELD)
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let mut keys = listed(template_config);
+    for key in listed(params) {
+        if !keys.contains(&key) {
+            keys.push(key);
+        }
+    }
+    if !keys.is_empty()
+        && let Value::Object(map) = &mut merged
+    {
+        map.insert(secrets::SECRET_KEYS_FIELD.into(), Value::Array(keys));
+    }
+    merged
+}
+
+/// Configs carry secrets (HTTP headers, bodies, command env, URL
+/// credentials), and a `{:?}` in a log line must not leak them.
 impl fmt::Debug for ActionCall {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ActionCall")
@@ -150,30 +175,9 @@ impl fmt::Debug for ActionCall {
             .field("action_detail_id", &self.action_detail_id)
             .field("position", &self.position)
             .field("kind", &self.kind)
-            .field("config", &redacted(&self.config))
+            .field("config", &secrets::redact_config(&self.config))
             .finish()
     }
-}
-
-/// The config with the values under `headers` and `env` replaced, keys kept.
-pub fn redacted(config: &Value) -> Value {
-    let Value::Object(map) = config else {
-        return config.clone();
-    };
-    let mut out = Map::with_capacity(map.len());
-    for (key, value) in map {
-        let shown = match (key.as_str(), value) {
-            ("headers" | "env", Value::Object(inner)) => Value::Object(
-                inner
-                    .keys()
-                    .map(|k| (k.clone(), Value::String("<redacted>".into())))
-                    .collect(),
-            ),
-            _ => value.clone(),
-        };
-        out.insert(key.clone(), shown);
-    }
-    Value::Object(out)
 }
 
 /// What a successful action produced; bounded by [`OUTPUT_TOTAL_CAP_BYTES`]

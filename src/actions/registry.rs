@@ -8,6 +8,7 @@ use std::time::Instant;
 use super::command::CommandAction;
 use super::http::HttpAction;
 use super::noop::NoopAction;
+use super::secrets::Secrets;
 use super::sleep::SleepAction;
 use super::{ActionCall, ActionError, ActionHandler, ActionOutput, ActionSettings, cap_output};
 
@@ -66,13 +67,17 @@ impl ActionRegistry {
     /// uses [`merge_config`](super::merge_config)).
     ///
     /// Whatever the handler returns, its output (also a failure's output) is
-    /// bounded by [`cap_output`]. Cancel by dropping the future.
+    /// bounded by [`cap_output`], and every secret of the call's config is
+    /// scrubbed from it and from the error text ([`Secrets`]): a response
+    /// that echoes the request, or an error naming the URL, would otherwise
+    /// carry credentials into the executions table and the log. Cancel by
+    /// dropping the future.
     pub async fn run(&self, call: &ActionCall) -> Result<ActionOutput, ActionError> {
         let handler = self
             .get(&call.kind)
             .ok_or_else(|| ActionError::UnknownKind(call.kind.clone()))?;
         let started = Instant::now();
-        let result = handler.run(call).await;
+        let result = scrub(&Secrets::of(&call.config), handler.run(call).await);
         let elapsed_ms = started.elapsed().as_millis() as u64;
         match &result {
             Ok(_) => tracing::debug!(
@@ -100,6 +105,27 @@ impl ActionRegistry {
             }),
             Err(other) => Err(other),
         }
+    }
+}
+
+fn scrub(
+    secrets: &Secrets,
+    result: Result<ActionOutput, ActionError>,
+) -> Result<ActionOutput, ActionError> {
+    match result {
+        Ok(ActionOutput(value)) => Ok(ActionOutput(secrets.scrub(&value))),
+        Err(ActionError::Failed { message, output }) => Err(ActionError::Failed {
+            message: secrets.scrub_text(&message),
+            output: output.map(|o| secrets.scrub(&o)),
+        }),
+        Err(ActionError::Refused { reason }) => Err(ActionError::Refused {
+            reason: secrets.scrub_text(&reason),
+        }),
+        Err(ActionError::InvalidConfig { field, message }) => Err(ActionError::InvalidConfig {
+            field,
+            message: secrets.scrub_text(&message),
+        }),
+        Err(other) => Err(other),
     }
 }
 

@@ -477,7 +477,8 @@ impl MasterState {
             directory: self.args.directory.clone(),
             master: myself.clone(),
         };
-        match Actor::spawn_linked(None, WorkerActor, args, myself.get_cell()).await {
+        let name = Some(self.args.directory.worker_name(number));
+        match Actor::spawn_linked(name, WorkerActor, args, myself.get_cell()).await {
             Ok((worker, _)) => {
                 if self.throttled {
                     let _ = worker.cast(WorkerMsg::MemoryThrottle { throttled: true });

@@ -10,14 +10,14 @@ use crate::clock::{Clock, millis_to_utc};
 use crate::cluster::Ownership;
 use crate::config::Config;
 use crate::directory::Directory;
-use crate::messages::plan::ReadyJobs;
+use crate::messages::plan::{HeldWorkflow, QuarantineReport, ReadyJobs};
 use crate::messages::{MasterMsg, PlanMsg, RefresherMsg, WriterMsg};
 use crate::metrics as m;
 use crate::model::{Millis, PlanScope};
 use crate::persist::read_plan_file;
 use crate::plan::{
-    ExecutionPlan, MergeOptions, MergeReport, PlanStats, job_spec, local_next_run_time, merge,
-    missed_windows, next_wake, ready_owned,
+    ExecutionPlan, MergeOptions, MergeReport, PlanStats, QuarantineChange, check_ready, job_spec,
+    local_next_run_time, merge, missed_windows, next_wake, ready_owned,
 };
 use crate::schedule::ScheduleCache;
 
@@ -227,7 +227,9 @@ impl Actor for PlanActor {
                     let _ = reply.send(result);
                 }
             }
-            PlanMsg::Merge(data, reply) if !state.merged_once && data.scope != PlanScope::Full => {
+            PlanMsg::Merge(load, reply)
+                if !state.merged_once && load.data.scope != PlanScope::Full =>
+            {
                 // Rule 5 needs the whole database: a delta cannot be the
                 // first refresh of a (re)started plan.
                 let report = MergeReport {
@@ -236,8 +238,11 @@ impl Actor for PlanActor {
                 };
                 let _ = reply.send(report);
             }
-            PlanMsg::Merge(data, reply) => {
-                let report = state.merge(*data, now);
+            PlanMsg::Merge(load, reply) => {
+                let mut load = *load;
+                let change = state.plan.quarantine_bad_rows(&mut load, now);
+                log_quarantine(&change);
+                let report = state.merge(load.data, now);
                 if !report.is_empty() || report.preserved > 0 {
                     state.mark_dirty(&myself);
                 }
@@ -245,6 +250,14 @@ impl Actor for PlanActor {
                     state.notify_master();
                 }
                 let _ = reply.send(report);
+            }
+            PlanMsg::NextRunAfter { id, after, reply } => {
+                let zone = state.config.default_timezone;
+                let next = local_next_run_time(&state.plan, &id, after, zone, &mut state.schedules);
+                let _ = reply.send(next);
+            }
+            PlanMsg::Quarantine(reply) => {
+                let _ = reply.send(state.quarantine_report(now));
             }
             PlanMsg::ResetRunningFlags(reply) => {
                 let reset = state.plan.reset_running_flags();
@@ -315,6 +328,27 @@ impl PlanState {
         metrics::gauge!(m::PLAN_MISSED_WINDOW_WORKFLOWS).set(missed as f64);
     }
 
+    /// The quarantined rows and the held workflows with their reasons.
+    fn quarantine_report(&self, now: Millis) -> QuarantineReport {
+        let zone = self.config.default_timezone;
+        let mut held: Vec<HeldWorkflow> = self
+            .plan
+            .workflows()
+            .filter_map(|w| match check_ready(&self.plan, w, now, zone) {
+                Err(reason) if reason.is_held() => Some(HeldWorkflow {
+                    id: w.id(),
+                    reason: reason.to_string(),
+                }),
+                _ => None,
+            })
+            .collect();
+        held.sort_by_key(|h| h.id);
+        QuarantineReport {
+            rows: self.plan.quarantine().rows().cloned().collect(),
+            held,
+        }
+    }
+
     /// Tells the master to look again: something may have become ready.
     fn notify_master(&self) {
         if let Some(master) = self.directory.master() {
@@ -367,9 +401,53 @@ fn format_time(ms: Option<Millis>) -> String {
     ms.map_or_else(|| "none".to_string(), |ms| millis_to_utc(ms).to_rfc3339())
 }
 
+/// One WARN per row when it enters the quarantine (not one per refresh),
+/// counted by table and reason; one INFO when it leaves.
+fn log_quarantine(change: &QuarantineChange) {
+    for row in &change.entered {
+        metrics::counter!(
+            m::PLAN_ROWS_REJECTED_TOTAL,
+            "table" => quarantine_table_label(&row.table),
+            "reason" => row.reason.as_str()
+        )
+        .increment(1);
+        warn!(
+            table = %row.table,
+            id = %row.id,
+            field = %row.field,
+            reason = row.reason.as_str(),
+            "🚫 Quarantined {} row {}: {}: {}; kept out of the plan until it is fixed",
+            row.table,
+            row.id,
+            row.field,
+            row.message
+        );
+    }
+    for row in &change.released {
+        info!(
+            table = %row.table,
+            id = %row.id,
+            "✅ {} row {} is no longer quarantined",
+            row.table,
+            row.id
+        );
+    }
+}
+
+/// Table names are a bounded set; anything else (never expected) is
+/// counted as `other` so a label cannot grow without bound.
+fn quarantine_table_label(table: &str) -> &'static str {
+    m::PLAN_TABLES
+        .iter()
+        .find(|known| **known == table)
+        .copied()
+        .unwrap_or("other")
+}
+
 fn publish_gauges(stats: &PlanStats) {
     for (state, count) in [
         ("active", stats.active),
+        ("held", stats.held),
         ("inactive", stats.inactive),
         ("running", stats.running),
         ("removed", stats.removed),

@@ -226,20 +226,18 @@ impl RefresherState {
     async fn read_and_merge(&mut self, since: Option<Millis>) -> Result<MergeReport, String> {
         let cap = self.config.plan_action_details_cap;
         let started_at = self.clock.now_ms();
-        let read = match since {
-            None => self.store.load_plan_data(cap).await,
-            Some(since) => self.store.load_plan_changes(since, cap).await,
-        };
-        let data = read.map_err(|e| {
+        // Rows that do not decode come back set aside, not as an error: the
+        // plan quarantines them and everything else refreshes.
+        let load = self.store.load_plan(cap, since).await.map_err(|e| {
             metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "refresh").increment(1);
             e.to_string()
         })?;
-        let newest = data.branch_rules.iter().map(|r| r.updated_at).max();
+        let newest = load.data.branch_rules.iter().map(|r| r.updated_at).max();
         let plan = self
             .directory
             .plan()
             .ok_or("the plan actor is restarting")?;
-        let report = ask(&plan, |reply| PlanMsg::Merge(Box::new(data), reply))
+        let report = ask(&plan, |reply| PlanMsg::Merge(Box::new(load), reply))
             .await
             .map_err(|e| format!("the plan actor did not merge: {e}"))?;
         if since.is_none() && !report.full_refresh_needed {

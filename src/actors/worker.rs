@@ -19,7 +19,7 @@ use crate::directory::Directory;
 use crate::lifecycle::Finish;
 use crate::messages::master::JobReport;
 use crate::messages::worker::{CancelReason, Job, JobOutcome};
-use crate::messages::{MasterMsg, WorkerMsg};
+use crate::messages::{MasterMsg, PlanMsg, WorkerMsg};
 use crate::metrics as m;
 use crate::model::{ExecutionStatus, Millis};
 use crate::plan::JobStep;
@@ -414,11 +414,19 @@ impl WorkerState {
         let now = args.clock.now_ms();
         let execution_id = job.execution_id();
         let branch_rule_id = job.branch_rule_id();
-        let next_run_time = next_run_after(&job, now);
+        let (next_run_time, no_next_run) = next_run_at_finish(&args.directory, &job, now).await;
+        let error = match (&outcome.error, &no_next_run) {
+            (error, None) => error.clone(),
+            (None, Some(problem)) => Some(problem.clone()),
+            (Some(error), Some(problem)) => Some(format!("{error}; {problem}")),
+        };
+        if let Some(problem) = &no_next_run {
+            warn!(%branch_rule_id, %execution_id, "⏸️ {problem}");
+        }
         let finish = Finish {
             status: outcome.status,
             finished_at: now,
-            error: outcome.error.clone(),
+            error,
             output: Some(json!({
                 "worker": format!("Worker-{}", args.number),
                 "steps": outcome.output,
@@ -467,11 +475,72 @@ impl WorkerState {
 }
 
 /// The next occurrence strictly after `now`, from the expression and zone
-/// the job carries; `None` leaves next_run_time as it is (and the rule's
-/// problem is in the execution's error).
+/// the job carries; `None` leaves next_run_time as it is, and the plan then
+/// holds the rule rather than run that occurrence again.
 pub fn next_run_after(job: &Job, now: Millis) -> Option<Millis> {
     let (schedule, zone) = job.spec.schedule.as_ref().ok()?;
     crate::schedule::next_after_millis(schedule, *zone, now).ok()
+}
+
+/// How long a finish waits for the plan before it uses the schedule the
+/// job was fetched with: the write must not wait on a busy plan actor.
+const PLAN_NEXT_RUN_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The next run a job's finish writes, and the problem to record when the
+/// rule's current values give none (`no next run: invalid time zone …`).
+///
+/// The plan's current rows decide, so a zone or cron changed while the
+/// job ran counts. When they give no next run, the rule is held by the plan
+/// (quarantine) until they are fixed, and the schedule the job ran under
+/// still supplies the next run written: the occurrence that ran is never
+/// left due, and the rule resumes by itself once fixed. With neither,
+/// next_run_time stays and the plan holds the rule (`NoNextRun`).
+async fn next_run_at_finish(
+    directory: &Directory,
+    job: &Job,
+    now: Millis,
+) -> (Option<Millis>, Option<String>) {
+    let id = job.branch_rule_id();
+    let current = match directory.plan() {
+        Some(plan) => crate::actors::ask_within(&plan, PLAN_NEXT_RUN_TIMEOUT, |reply| {
+            PlanMsg::NextRunAfter {
+                id,
+                after: now,
+                reply,
+            }
+        })
+        .await
+        .ok(),
+        None => None,
+    };
+    let problem = match current {
+        Some(Ok(next)) => return (Some(next), None),
+        Some(Err(e)) => e.schedule_error().map(ToString::to_string),
+        // The plan is restarting or busy, or no longer knows the rule.
+        None => None,
+    };
+    let fetched = match &job.spec.schedule {
+        Ok((schedule, zone)) => {
+            crate::schedule::next_after_millis(schedule, *zone, now).map_err(|e| e.to_string())
+        }
+        Err(e) => Err(e.clone()),
+    };
+    match (fetched, problem) {
+        (Ok(next), None) => (Some(next), None),
+        (Ok(next), Some(problem)) => (
+            Some(next),
+            Some(format!(
+                "no next run: {problem}; the rule is held until it is fixed"
+            )),
+        ),
+        (Err(fetched), problem) => (
+            None,
+            Some(format!(
+                "no next run: {}; the rule is held until it is fixed",
+                problem.unwrap_or(fetched)
+            )),
+        ),
+    }
 }
 
 /// Runs the job's steps in position order; the first failure fails the

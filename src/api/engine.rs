@@ -3,23 +3,24 @@
 
 use axum::Json;
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use uuid::Uuid;
 
 use super::ApiState;
-use super::catalog::{nudge, present_branch_rule};
+use super::catalog::{nudge, present_branch_rule, schedule_of_row};
 use super::error::{ApiError, ApiResult};
 use super::extract::ApiJson;
-use super::present::{parse_time, present, rfc3339};
+use super::present::{parse_time, present_execution as present_execution_for, rfc3339};
 use crate::actors::ask;
 use crate::messages::master::CancelOutcome;
 use crate::messages::{MasterMsg, PlanMsg, WriterMsg};
 use crate::model::ExecutionStatus;
-use crate::schedule::{CronSchedule, Window, parse_timezone, preview};
+use crate::plan::ResolveError;
+use crate::schedule::{Window, preview};
 use crate::store::ExecutionFilter;
-use crate::store::rows::{BRANCH_RULES, BRANCHES, BRAND_RULES, RULES};
+use crate::store::rows::BRANCH_RULES;
 
 /// 503 for an actor caught between a failure and its restart.
 fn restarting(actor: &str) -> ApiError {
@@ -169,41 +170,14 @@ pub async fn preview_runs(
         Some(text) => parse_time("from", text)?,
         None => s.clock().now_ms(),
     };
-    let text_id = |key: &str| {
-        row.get(key)
-            .and_then(Value::as_str)
-            .and_then(|v| Uuid::parse_str(v).ok())
-    };
-    let mut expression = None;
-    if let Some(brand_rule) = text_id("brand_rule_id") {
-        expression = s
-            .store()
-            .row(&BRAND_RULES, brand_rule)
-            .await?
-            .and_then(|r| r["cron_expression"].as_str().map(String::from));
-    }
-    if expression.is_none()
-        && let Some(rule) = text_id("rule_id")
-    {
-        expression = s
-            .store()
-            .row(&RULES, rule)
-            .await?
-            .and_then(|r| r["cron_expression"].as_str().map(String::from));
-    }
-    let expression =
-        expression.ok_or_else(|| ApiError::Conflict("the branch rule has no rule".into()))?;
-    let zone = match text_id("branch_id") {
-        Some(branch) => match s
-            .store()
-            .row(&BRANCHES, branch)
-            .await?
-            .and_then(|b| b["timezone"].as_str().map(String::from))
-        {
-            Some(name) => parse_timezone(&name).map_err(|e| ApiError::Conflict(e.to_string()))?,
-            None => s.config().default_timezone,
-        },
-        None => s.config().default_timezone,
+    // The one resolver the plan and the worker use: a stored zone or
+    // expression that is invalid is a 409 naming the row.
+    let (schedule, zone) = match schedule_of_row(&s, &row).await? {
+        Ok(resolved) => resolved,
+        Err(ResolveError::Missing { .. }) => {
+            return Err(ApiError::Conflict("the branch rule has no rule".into()));
+        }
+        Err(e) => return Err(ApiError::Conflict(e.to_string())),
     };
     let bound = |key: &str| -> ApiResult<_> {
         row.get(key)
@@ -215,14 +189,12 @@ pub async fn preview_runs(
             .transpose()
     };
     let window = Window::from_bounds(bound("operation_time_from")?, bound("operation_time_to")?);
-    let schedule =
-        CronSchedule::parse(&expression).map_err(|e| ApiError::Conflict(e.to_string()))?;
     let from = chrono::DateTime::from_timestamp_millis(from)
         .ok_or_else(|| ApiError::field("from", "out of range"))?;
     let runs = preview(&schedule, zone, window, from, count)
         .map_err(|e| ApiError::Conflict(e.to_string()))?;
     Ok(Json(json!({
-        "cron_expression": expression,
+        "cron_expression": schedule.expression(),
         "timezone": zone.name(),
         "operation_time_from": row.get("operation_time_from"),
         "operation_time_to": row.get("operation_time_to"),
@@ -246,9 +218,6 @@ pub struct ExecutionQuery {
     cursor: Option<String>,
 }
 
-const DEFAULT_LIMIT: i64 = 100;
-const MAX_LIMIT: i64 = 1000;
-
 fn encode_cursor((at, id): (i64, Uuid)) -> String {
     format!("{at}_{id}")
 }
@@ -262,17 +231,21 @@ fn decode_cursor(text: &str) -> ApiResult<(i64, Uuid)> {
     ))
 }
 
-fn present_execution(execution: &crate::model::Execution) -> Value {
+/// Outputs hold response captures and program output, which can echo
+/// credentials: only token holders read them.
+fn present_execution(execution: &crate::model::Execution, with_token: bool) -> Value {
     match serde_json::to_value(execution) {
-        Ok(Value::Object(map)) => present(map),
+        Ok(Value::Object(map)) => present_execution_for(map, with_token),
         _ => Value::Null,
     }
 }
 
 pub async fn list_executions(
     State(s): State<ApiState>,
+    headers: HeaderMap,
     Query(q): Query<ExecutionQuery>,
 ) -> ApiResult<Json<Value>> {
+    let with_token = super::extract::caller_of(&s.config().tokens(), &headers).is_some();
     let branch_rule_id = q
         .branch_rule_id
         .as_deref()
@@ -289,13 +262,8 @@ pub async fn list_executions(
                 .ok_or_else(|| ApiError::field("status", format!("unknown status {t:?}")))
         })
         .transpose()?;
-    let limit = q.limit.unwrap_or(DEFAULT_LIMIT);
-    if !(1..=MAX_LIMIT).contains(&limit) {
-        return Err(ApiError::field(
-            "limit",
-            format!("must be 1 to {MAX_LIMIT}"),
-        ));
-    }
+    // The same page sizes as every catalog listing.
+    let limit = super::catalog::page_limit(q.limit)?;
     let filter = ExecutionFilter {
         branch_rule_id,
         status,
@@ -310,22 +278,24 @@ pub async fn list_executions(
     };
     let page = s.store().list_executions(&filter).await?;
     Ok(Json(json!({
-        "items": page.iter().map(present_execution).collect::<Vec<_>>(),
+        "items": page.iter().map(|e| present_execution(e, with_token)).collect::<Vec<_>>(),
         "next_cursor": filter.next_cursor(&page).map(encode_cursor),
     })))
 }
 
 pub async fn get_execution(
     State(s): State<ApiState>,
+    headers: HeaderMap,
     Path(id): Path<String>,
 ) -> ApiResult<Json<Value>> {
+    let with_token = super::extract::caller_of(&s.config().tokens(), &headers).is_some();
     let uuid = parse_id("execution", &id)?;
     let execution = s
         .store()
         .execution(uuid)
         .await?
         .ok_or_else(|| ApiError::not_found("execution", &id))?;
-    Ok(Json(present_execution(&execution)))
+    Ok(Json(present_execution(&execution, with_token)))
 }
 
 /// Cancels through the master: before the handoff it records Cancelled
@@ -409,11 +379,17 @@ pub async fn instances(State(s): State<ApiState>) -> ApiResult<Json<Value>> {
 pub async fn plan(State(s): State<ApiState>) -> ApiResult<Json<Value>> {
     let actor = s.directory().plan().ok_or_else(|| restarting("plan"))?;
     let snapshot = ask(&actor, PlanMsg::Snapshot).await?;
+    let quarantine = ask(&actor, PlanMsg::Quarantine).await?;
     let config = s.config();
     let owners = s
         .store()
         .partition_owners(config.partition_count, &config.instance_id)
         .await?;
+    let held: std::collections::HashMap<Uuid, &str> = quarantine
+        .held
+        .iter()
+        .map(|h| (h.id, h.reason.as_str()))
+        .collect();
     let mut value = serde_json::to_value(&snapshot).unwrap_or(Value::Null);
     if let Some(workflows) = value.get_mut("workflows").and_then(Value::as_array_mut) {
         for workflow in workflows {
@@ -425,8 +401,13 @@ pub async fn plan(State(s): State<ApiState>) -> ApiResult<Json<Value>> {
                 let (partition, owner) = owners.of(&id);
                 object.insert("partition".into(), json!(partition));
                 object.insert("partition_owner".into(), json!(owner));
+                // Why an operator must act before it runs again, if so.
+                object.insert("held".into(), json!(held.get(&id)));
             }
         }
+    }
+    if let Some(object) = value.as_object_mut() {
+        object.insert("quarantined".into(), json!(quarantine.rows));
     }
     // Action params live in the snapshot too.
     value = super::present::redact(&value);

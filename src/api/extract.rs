@@ -1,16 +1,20 @@
-//! Request bodies, authentication and the body size limit.
+//! Request bodies, URLs, authentication and the body size limit: what a
+//! request must be before a handler sees it.
 
 use axum::body::{Body, Bytes};
-use axum::extract::{FromRequest, Request, State};
-use axum::http::{Method, header};
+use axum::extract::{FromRequest, FromRequestParts, Request, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, Method, Uri, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use http_body_util::BodyExt;
-use serde::de::DeserializeOwned;
+use serde::de::{DeserializeOwned, IgnoredAny};
 use tracing::info;
 
 use super::ApiState;
 use super::error::ApiError;
+use super::i18n::english;
+use crate::config::NamedToken;
 
 /// Bodies above this are refused; DESIGN.md's largest object (a branch rule
 /// with its action details) fits many times over.
@@ -19,6 +23,11 @@ pub const BODY_LIMIT: usize = 64 * 1024;
 /// A JSON body read with the size limit enforced while streaming, so a huge
 /// body is refused after [`BODY_LIMIT`] bytes rather than buffered whole,
 /// and parse errors become 400s that name the field.
+///
+/// Refused besides what the target type refuses: a Content-Type other than
+/// `application/json` (415), anything after the JSON value, a NUL
+/// character in a string (PostgreSQL cannot store one in TEXT, SQLite
+/// would), and an integer outside i64 (it would be kept as a float).
 pub struct ApiJson<T>(pub T);
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
@@ -26,6 +35,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
 
     async fn from_request(req: Request, _state: &S) -> Result<Self, ApiError> {
         let too_large = ApiError::BodyTooLarge { limit: BODY_LIMIT };
+        let content_type = content_type(req.headers())?;
         let declared = req
             .headers()
             .get(header::CONTENT_LENGTH)
@@ -41,8 +51,20 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
             Err(e) => return Err(ApiError::InvalidBody(format!("cannot read the body: {e}"))),
         };
         if bytes.is_empty() {
-            return Err(ApiError::InvalidBody("a JSON object is required".into()));
+            return Err(ApiError::InvalidBody(english(
+                "detail.json_object_required",
+            )));
         }
+        if content_type == ContentType::Missing {
+            return Err(ApiError::UnsupportedMediaType(english(
+                "detail.no_content_type",
+            )));
+        }
+        // Syntax first, the whole document: `from_slice` refuses trailing
+        // characters, which a bare `deserialize` would ignore.
+        serde_json::from_slice::<IgnoredAny>(&bytes)
+            .map_err(|e| ApiError::InvalidBody(e.to_string()))?;
+        check_values(&bytes)?;
         let mut deserializer = serde_json::Deserializer::from_slice(&bytes);
         match serde_path_to_error::deserialize(&mut deserializer) {
             Ok(value) => Ok(ApiJson(value)),
@@ -59,36 +81,333 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
     }
 }
 
-/// Mutations (anything but GET and HEAD) need `Authorization: Bearer
-/// $API_TOKEN`; without API_TOKEN the API is read-only.
-pub async fn require_token(
-    State(state): State<ApiState>,
-    req: Request<Body>,
-    next: Next,
-) -> Response {
-    if matches!(*req.method(), Method::GET | Method::HEAD) {
-        return next.run(req).await;
-    }
-    let Some(expected) = state.config().api_token.as_deref() else {
-        return ApiError::ReadOnly.into_response();
+#[derive(Debug, PartialEq, Eq)]
+enum ContentType {
+    Json,
+    Missing,
+}
+
+/// `application/json`, with parameters allowed (a charset must be UTF-8,
+/// the only encoding JSON has, RFC 8259 §8.1); anything else is a 415.
+fn content_type(headers: &HeaderMap) -> Result<ContentType, ApiError> {
+    let Some(value) = headers.get(header::CONTENT_TYPE) else {
+        return Ok(ContentType::Missing);
     };
-    let given = req
-        .headers()
+    let text = value.to_str().unwrap_or("");
+    let refused = || ApiError::UnsupportedMediaType(text.to_string());
+    let mut parts = text.split(';');
+    let essence = parts.next().unwrap_or("").trim();
+    if !essence.eq_ignore_ascii_case("application/json") {
+        return Err(refused());
+    }
+    for parameter in parts {
+        if let Some((name, value)) = parameter.split_once('=')
+            && name.trim().eq_ignore_ascii_case("charset")
+        {
+            let charset = value.trim().trim_matches('"');
+            if !charset.eq_ignore_ascii_case("utf-8") && !charset.eq_ignore_ascii_case("utf8") {
+                return Err(refused());
+            }
+        }
+    }
+    Ok(ContentType::Json)
+}
+
+/// One step of the path to a value, for naming it as serde_path_to_error
+/// does (`action_details[0].params.url`).
+enum Step {
+    Key(String),
+    Index(usize),
+}
+
+fn path_text(path: &[Step]) -> String {
+    let mut out = String::new();
+    for step in path {
+        match step {
+            Step::Key(key) => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out.push_str(key);
+            }
+            Step::Index(i) => out.push_str(&format!("[{i}]")),
+        }
+    }
+    out
+}
+
+/// Walks a syntactically valid JSON document (checked before) for the
+/// values serde_json accepts but the stores cannot keep faithfully, and
+/// names the first one's field.
+fn check_values(bytes: &[u8]) -> Result<(), ApiError> {
+    let mut walker = Walker {
+        bytes,
+        at: 0,
+        path: Vec::new(),
+    };
+    walker.value()
+}
+
+struct Walker<'a> {
+    bytes: &'a [u8],
+    at: usize,
+    path: Vec<Step>,
+}
+
+impl Walker<'_> {
+    fn peek(&self) -> u8 {
+        self.bytes.get(self.at).copied().unwrap_or(0)
+    }
+
+    fn skip_whitespace(&mut self) {
+        while matches!(self.peek(), b' ' | b'\t' | b'\n' | b'\r') {
+            self.at += 1;
+        }
+    }
+
+    fn refuse(&self, detail: &str) -> ApiError {
+        let path = path_text(&self.path);
+        if path.is_empty() {
+            ApiError::InvalidBody(english(detail))
+        } else {
+            ApiError::field(path, english(detail))
+        }
+    }
+
+    fn value(&mut self) -> Result<(), ApiError> {
+        self.skip_whitespace();
+        match self.peek() {
+            b'{' => {
+                self.at += 1;
+                loop {
+                    self.skip_whitespace();
+                    if self.peek() == b'}' {
+                        self.at += 1;
+                        return Ok(());
+                    }
+                    if self.peek() == b',' {
+                        self.at += 1;
+                        self.skip_whitespace();
+                    }
+                    let key = self.string()?;
+                    self.skip_whitespace();
+                    self.at += 1; // ':'
+                    let nul = key.contains('\0');
+                    self.path.push(Step::Key(key));
+                    if nul {
+                        return Err(self.refuse("detail.nul_key"));
+                    }
+                    self.value()?;
+                    self.path.pop();
+                }
+            }
+            b'[' => {
+                self.at += 1;
+                let mut index = 0;
+                loop {
+                    self.skip_whitespace();
+                    match self.peek() {
+                        b']' => {
+                            self.at += 1;
+                            return Ok(());
+                        }
+                        b',' => self.at += 1,
+                        _ => {
+                            self.path.push(Step::Index(index));
+                            self.value()?;
+                            self.path.pop();
+                            index += 1;
+                        }
+                    }
+                }
+            }
+            b'"' => {
+                if self.string()?.contains('\0') {
+                    return Err(self.refuse("detail.nul"));
+                }
+                Ok(())
+            }
+            b'-' | b'0'..=b'9' => {
+                let start = self.at;
+                while matches!(self.peek(), b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9') {
+                    self.at += 1;
+                }
+                let literal = &self.bytes[start..self.at];
+                let integer = !literal.iter().any(|b| matches!(b, b'.' | b'e' | b'E'));
+                let fits = std::str::from_utf8(literal)
+                    .ok()
+                    .and_then(|t| t.parse::<i64>().ok())
+                    .is_some();
+                if integer && !fits {
+                    return Err(self.refuse("detail.integer_range"));
+                }
+                Ok(())
+            }
+            _ => {
+                // true, false, null
+                while self.peek().is_ascii_alphabetic() {
+                    self.at += 1;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The string starting at the current `"`, unescaped.
+    fn string(&mut self) -> Result<String, ApiError> {
+        let start = self.at;
+        self.at += 1;
+        while self.at < self.bytes.len() {
+            match self.bytes[self.at] {
+                b'\\' => self.at += 2,
+                b'"' => {
+                    self.at += 1;
+                    return serde_json::from_slice(&self.bytes[start..self.at])
+                        .map_err(|e| ApiError::InvalidBody(e.to_string()));
+                }
+                _ => self.at += 1,
+            }
+        }
+        Err(ApiError::InvalidBody("unterminated string".into()))
+    }
+}
+
+/// Refuses a path or query string whose percent-encoding is broken or
+/// decodes to a NUL, before routing: the extractors would otherwise answer
+/// in plain text, or pass on a `%ZZ` or a NUL that PostgreSQL refuses.
+pub fn check_url(uri: &Uri) -> Result<(), ApiError> {
+    if let Err(problem) = percent_decode(uri.path()) {
+        return Err(ApiError::InvalidPath(english(match problem {
+            UrlProblem::Encoding => "detail.path_bad_percent",
+            UrlProblem::Nul => "detail.path_nul",
+        })));
+    }
+    for pair in uri.query().unwrap_or("").split('&') {
+        if let Err(problem) = percent_decode(pair) {
+            let name = pair.split_once('=').map_or(pair, |(name, _)| name);
+            return Err(ApiError::InvalidQueryParameter {
+                parameter: percent_decode(name).unwrap_or_else(|_| name.to_string()),
+                message: english(match problem {
+                    UrlProblem::Encoding => "detail.bad_percent",
+                    UrlProblem::Nul => "detail.nul_in_url",
+                }),
+            });
+        }
+    }
+    Ok(())
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum UrlProblem {
+    Encoding,
+    Nul,
+}
+
+fn percent_decode(text: &str) -> Result<String, UrlProblem> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes.get(i + 1..i + 3).ok_or(UrlProblem::Encoding)?;
+            let hex = std::str::from_utf8(hex).map_err(|_| UrlProblem::Encoding)?;
+            out.push(u8::from_str_radix(hex, 16).map_err(|_| UrlProblem::Encoding)?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    if out.contains(&0) {
+        return Err(UrlProblem::Nul);
+    }
+    String::from_utf8(out).map_err(|_| UrlProblem::Encoding)
+}
+
+/// Who made a change: the name of the bearer token it came with
+/// (API_TOKENS, or `api` for API_TOKEN). Mutating handlers take it as an
+/// argument; [`require_token`] has put it on every request that reaches
+/// them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller(pub String);
+
+impl Caller {
+    pub fn name(&self) -> &str {
+        &self.0
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+        parts
+            .extensions
+            .get::<Caller>()
+            .cloned()
+            .ok_or(ApiError::Unauthorized)
+    }
+}
+
+/// The name of the token in `Authorization: Bearer <token>` (the scheme in
+/// any case, RFC 9110 §11.1), if it is one of `tokens`.
+pub fn caller_of(tokens: &[NamedToken], headers: &HeaderMap) -> Option<Caller> {
+    let given = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
+        .and_then(|v| v.trim().split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map_or("", |(_, token)| token.trim());
+    // Every token is compared, so the time taken says nothing about which
+    // one matched or how much of it.
+    let mut found = None;
+    for token in tokens {
+        if constant_time_eq(given.as_bytes(), token.token.as_bytes()) && !given.is_empty() {
+            found = Some(Caller(token.name.clone()));
+        }
+    }
+    found
+}
+
+/// Mutations (anything but GET and HEAD) need `Authorization: Bearer
+/// <token>` with a token of API_TOKENS or API_TOKEN; without either the
+/// API is read-only. The token's name goes on the request as a [`Caller`]
+/// and into the audit line.
+pub async fn require_token(
+    State(state): State<ApiState>,
+    mut req: Request<Body>,
+    next: Next,
+) -> Response {
+    if matches!(*req.method(), Method::GET | Method::HEAD) || !routed(&req) {
+        return next.run(req).await;
+    }
+    let tokens = state.config().tokens();
+    if tokens.is_empty() {
+        return ApiError::ReadOnly.into_response();
+    }
+    let caller = caller_of(&tokens, req.headers());
     let method = req.method().clone();
-    let path = req.uri().path().to_string();
-    let response = if constant_time_eq(given.as_bytes(), expected.as_bytes()) {
-        next.run(req).await
-    } else {
-        ApiError::Unauthorized.into_response()
+    let path = super::full_path(req.uri());
+    let response = match &caller {
+        Some(caller) => {
+            req.extensions_mut().insert(caller.clone());
+            next.run(req).await
+        }
+        None => ApiError::Unauthorized.into_response(),
     };
     // An audit trail of changes; bodies stay out of the log, since they
     // may carry secrets in action params.
-    info!(%method, %path, status = response.status().as_u16(), "🔧 API change");
+    let caller = caller.as_ref().map_or("-", Caller::name);
+    info!(%method, %path, caller = %caller, status = response.status().as_u16(), "🔧 API change by {caller}");
     response
+}
+
+/// Whether the path takes this method; if not, the request goes on to the
+/// 405 (with `Allow`) without a token, since it can change nothing.
+fn routed(req: &Request<Body>) -> bool {
+    let method = req.method().as_str();
+    super::routes::allowed_methods(req.uri().path())
+        .is_none_or(|allow| allow.split(',').any(|m| m == method))
 }
 
 /// Compares without an early exit, so the time taken says nothing about
@@ -102,7 +421,8 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::constant_time_eq;
+    use super::*;
+    use axum::http::HeaderValue;
 
     #[test]
     fn tokens_compare_exactly() {
@@ -110,5 +430,93 @@ mod tests {
         assert!(!constant_time_eq(b"s3cret", b"s3cres"));
         assert!(!constant_time_eq(b"s3cret", b"s3cre"));
         assert!(!constant_time_eq(b"", b"x"));
+    }
+
+    fn error_of(body: &str) -> Option<String> {
+        serde_json::from_str::<IgnoredAny>(body).unwrap();
+        check_values(body.as_bytes()).err().map(|e| e.to_string())
+    }
+
+    #[test]
+    fn nul_and_oversized_integers_are_refused_by_field() {
+        assert_eq!(error_of(r#"{"name": "ok", "n": [1, -2, 3.5e300]}"#), None);
+        assert_eq!(
+            error_of(r#"{"n": 9223372036854775807, "m": -9223372036854775808}"#),
+            None
+        );
+        let e = error_of(r#"{"name": "a\u0000b"}"#).unwrap();
+        assert!(e.starts_with("name: must not contain a NUL"), "{e}");
+        let e = error_of(r#"{"a": {"b": [0, {"c": 9223372036854775808}]}}"#).unwrap();
+        assert!(e.starts_with("a.b[1].c: is an integer outside"), "{e}");
+        let e = error_of(r#"{"params": {"x\u0000": 1}}"#).unwrap();
+        assert!(e.contains("field name must not contain a NUL"), "{e}");
+        let e = error_of(r#"{"k": "\\u0000 is text, not NUL", "s": "\"}"}"#);
+        assert_eq!(e, None);
+        let e = error_of(r#"[1, -99999999999999999999]"#).unwrap();
+        assert!(e.starts_with("[1]: is an integer outside"), "{e}");
+        assert!(error_of(r#""\u0000""#).unwrap().starts_with("invalid body"));
+    }
+
+    #[test]
+    fn content_types_other_than_json_are_refused() {
+        let with = |value: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(header::CONTENT_TYPE, HeaderValue::from_str(value).unwrap());
+            content_type(&headers).is_ok()
+        };
+        assert!(with("application/json"));
+        assert!(with("Application/JSON; charset=UTF-8"));
+        assert!(with("application/json;charset=\"utf-8\""));
+        assert!(!with("application/json; charset=latin1"));
+        assert!(!with("text/plain"));
+        assert!(!with("application/jsonx"));
+        assert!(!with("multipart/form-data; boundary=x"));
+        assert_eq!(
+            content_type(&HeaderMap::new()).unwrap(),
+            ContentType::Missing
+        );
+    }
+
+    #[test]
+    fn urls_with_broken_percent_encoding_or_nul_are_refused() {
+        let check = |text: &str| check_url(&text.parse::<Uri>().unwrap());
+        assert!(check("/api/v1/brands/abc%20d?x=%C3%A9&y").is_ok());
+        assert!(matches!(check("/a/%ZZ"), Err(ApiError::InvalidPath(_))));
+        assert!(matches!(check("/a/%FF"), Err(ApiError::InvalidPath(_))));
+        assert!(matches!(check("/a/%00"), Err(ApiError::InvalidPath(_))));
+        assert!(matches!(check("/a/%4"), Err(ApiError::InvalidPath(_))));
+        match check("/a?ok=1&status=%G1") {
+            Err(ApiError::InvalidQueryParameter { parameter, .. }) => {
+                assert_eq!(parameter, "status")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(check("/a?cursor=%00").is_err());
+    }
+
+    #[test]
+    fn the_bearer_scheme_ignores_case_and_names_the_caller() {
+        let tokens = [
+            NamedToken {
+                name: "alice".into(),
+                token: "a-token".into(),
+            },
+            NamedToken {
+                name: "bob".into(),
+                token: "b-token".into(),
+            },
+        ];
+        let with = |value: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(header::AUTHORIZATION, HeaderValue::from_str(value).unwrap());
+            caller_of(&tokens, &headers).map(|c| c.0)
+        };
+        assert_eq!(with("Bearer a-token").as_deref(), Some("alice"));
+        assert_eq!(with("bearer b-token").as_deref(), Some("bob"));
+        assert_eq!(with("BEARER  a-token").as_deref(), Some("alice"));
+        assert_eq!(with("Basic a-token"), None);
+        assert_eq!(with("Bearer c-token"), None);
+        assert_eq!(with("Bearer "), None);
+        assert_eq!(caller_of(&tokens, &HeaderMap::new()), None);
     }
 }

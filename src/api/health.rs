@@ -10,11 +10,39 @@ use serde_json::{Value, json};
 
 use super::ApiState;
 use crate::actors::ask_within;
-use crate::messages::SupervisorMsg;
+use crate::messages::{PlanMsg, SupervisorMsg};
 
 /// A readiness probe must answer well within a kubelet's timeout even when
 /// an actor is wedged.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Warnings never fail the probe, so they must not hold it up either.
+const WARNINGS_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Quarantined plan rows, one warning each: the service runs everything
+/// else, so it stays ready, but an operator has rows to fix.
+async fn quarantine_warnings(state: &ApiState) -> Vec<String> {
+    let Some(plan) = state.directory().plan() else {
+        return Vec::new();
+    };
+    match ask_within(&plan, WARNINGS_TIMEOUT, PlanMsg::Quarantine).await {
+        Ok(report) => report
+            .rows
+            .iter()
+            .map(|row| {
+                format!(
+                    "quarantined {} row {}: {}: {} ({})",
+                    row.table,
+                    row.id,
+                    row.field,
+                    row.message,
+                    row.reason.as_str()
+                )
+            })
+            .collect(),
+        Err(e) => vec![format!("quarantine: the plan did not answer: {e}")],
+    }
+}
 
 pub async fn healthz() -> Json<Value> {
     Json(json!({ "status": "ok" }))
@@ -81,6 +109,7 @@ pub async fn readyz(State(state): State<ApiState>) -> Response {
         "status": if ready { "ready" } else { "not_ready" },
         "checks": { "database": database, "plan_loaded": plan_loaded, "actors_alive": actors },
         "problems": problems,
+        "warnings": quarantine_warnings(&state).await,
     });
     let status = if ready {
         StatusCode::OK

@@ -22,7 +22,10 @@ pub async fn metrics(State(state): State<ApiState>) -> Response {
         // say so rather than serve an empty page that looks healthy.
         None => (
             StatusCode::NOT_FOUND,
-            "no metrics recorder is installed in this process\n",
+            axum::Json(serde_json::json!({ "error": {
+                "code": "no_metrics_recorder",
+                "message": "no metrics recorder is installed in this process",
+            } })),
         )
             .into_response(),
     }

@@ -9,8 +9,9 @@
 mod catalog;
 mod engine;
 pub mod error;
-mod extract;
+pub mod extract;
 mod health;
+pub mod i18n;
 mod metrics;
 pub mod present;
 pub mod routes;
@@ -19,6 +20,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
@@ -94,15 +96,17 @@ impl ApiState {
 }
 
 /// Every route of the service: `/api/v1` from [`routes::table`] behind
-/// the token check, probes and metrics outside it and open.
+/// the token check, probes and metrics outside it and open, and every
+/// answer through [`error::envelope`], so errors are JSON in the caller's
+/// language whoever produced them.
 pub fn router(state: ApiState) -> Router {
     let mut api: Router<ApiState> = Router::new();
     for route in routes::table() {
         api = api.route(route.path, route.handler);
     }
     let api = api
-        .fallback(no_route)
-        .method_not_allowed_fallback(no_route)
+        .fallback(no_api_route)
+        .method_not_allowed_fallback(method_not_allowed)
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             extract::require_token,
@@ -113,11 +117,47 @@ pub fn router(state: ApiState) -> Router {
         .route("/metrics", get(metrics::metrics))
         .nest(routes::PREFIX, api)
         .fallback(no_route)
+        .layer(axum::middleware::from_fn(error::envelope))
         .with_state(state)
+}
+
+/// Inside the nest axum hands handlers the path without [`routes::PREFIX`];
+/// messages show the one the client sent.
+pub(crate) fn full_path(uri: &axum::http::Uri) -> String {
+    let path = uri.path();
+    if path.starts_with(routes::PREFIX) {
+        path.to_string()
+    } else {
+        format!("{}{path}", routes::PREFIX)
+    }
 }
 
 async fn no_route(method: axum::http::Method, uri: axum::http::Uri) -> error::ApiError {
     error::ApiError::NoRoute(format!("{method} {}", uri.path()))
+}
+
+async fn no_api_route(method: axum::http::Method, uri: axum::http::Uri) -> error::ApiError {
+    error::ApiError::NoRoute(format!("{method} {}", full_path(&uri)))
+}
+
+/// 405 with `Allow` from the route table, the same one the router is
+/// built from, so the two cannot disagree.
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    let Some(allow) = routes::allowed_methods(uri.path()) else {
+        return no_route(method, uri).await.into_response();
+    };
+    let mut response = error::ApiError::MethodNotAllowed {
+        method: method.to_string(),
+        path: full_path(&uri),
+        allow: allow.clone(),
+    }
+    .into_response();
+    if let Ok(value) = axum::http::HeaderValue::from_str(&allow) {
+        response
+            .headers_mut()
+            .insert(axum::http::header::ALLOW, value);
+    }
+    response
 }
 
 /// A running HTTP server; [`HttpServer::stop`] ends it gracefully.

@@ -1,11 +1,21 @@
 //! How rows leave the API: times as RFC 3339, secrets redacted, a branch
-//! rule's next run also in its branch's zone.
+//! rule's next run also in its branch's zone, execution outputs only for
+//! callers holding the token.
+//!
+//! Secret fields of action configs and params are write-only: they are
+//! shown as `***` ([`crate::actions::secrets`] says which fields), and a
+//! `***` sent back on update keeps the stored value
+//! ([`keep_stored_secrets`]).
 
 use chrono::DateTime;
 use chrono_tz::Tz;
 use serde_json::{Map, Value};
 
+use super::error::ApiError;
+use crate::actions::secrets;
 use crate::clock::millis_to_utc;
+use crate::store::Store;
+use crate::store::rows::TableSpec;
 
 /// Columns holding epoch milliseconds, shown as RFC 3339.
 const TIME_COLUMNS: &[&str] = &[
@@ -20,46 +30,17 @@ const TIME_COLUMNS: &[&str] = &[
     "started_at",
     "finished_at",
     "heartbeat_at",
+    "archived_at",
 ];
 
-/// Key fragments that mark a value as a secret, compared lower-case.
-const SECRET_KEYS: &[&str] = &[
-    "authorization",
-    "token",
-    "secret",
-    "password",
-    "passwd",
-    "api_key",
-    "apikey",
-    "cookie",
-];
+pub use crate::actions::secrets::{MASK as REDACTED, is_secret_key};
 
-pub const REDACTED: &str = "***";
-
-pub fn is_secret_key(key: &str) -> bool {
-    let key = key.to_ascii_lowercase();
-    SECRET_KEYS.iter().any(|s| key.contains(s))
-}
-
-/// A copy of `value` with every secret-looking key's value replaced, at
-/// any depth (action params nest headers and env maps).
+/// A copy of `value` with every secret hidden at any depth, by the action
+/// config schema (`headers`, `env`, `body`, credential-named keys, listed
+/// `secret_keys`, URL passwords and secret query values): the plan
+/// snapshot nests action params and templates' configs.
 pub fn redact(value: &Value) -> Value {
-    match value {
-        Value::Object(map) => Value::Object(
-            map.iter()
-                .map(|(k, v)| {
-                    let v = if is_secret_key(k) && !v.is_null() {
-                        Value::String(REDACTED.into())
-                    } else {
-                        redact(v)
-                    };
-                    (k.clone(), v)
-                })
-                .collect(),
-        ),
-        Value::Array(items) => Value::Array(items.iter().map(redact).collect()),
-        other => other.clone(),
-    }
+    secrets::redact_config(value)
 }
 
 pub fn rfc3339(ms: i64) -> Value {
@@ -73,8 +54,17 @@ pub fn present(mut row: Map<String, Value>) -> Value {
             if let Some(ms) = value.as_i64() {
                 *value = rfc3339(ms);
             }
-        } else if matches!(key.as_str(), "params" | "config" | "settings" | "output") {
-            *value = redact(value);
+        } else {
+            match key.as_str() {
+                "params" | "config" => *value = secrets::redact_config(value),
+                "settings" | "output" => *value = secrets::redact_named(value),
+                "error" => {
+                    if let Value::String(text) = value {
+                        *text = secrets::mask_urls(text).into_owned();
+                    }
+                }
+                _ => {}
+            }
         }
     }
     Value::Object(row)
@@ -97,15 +87,94 @@ pub fn parse_time(field: &str, text: &str) -> Result<i64, super::error::ApiError
         })
 }
 
+/// Columns whose JSON holds action secrets, write-only through the API.
+const SECRET_COLUMNS: &[&str] = &["config", "params"];
+
+/// Before an update: wherever `changes` sends a `***` back for a secret of
+/// the stored row (see [`secrets::restore_masked`]), the stored value is
+/// kept. A `***` with nothing stored behind it is a 400 naming the field,
+/// and nothing is saved.
+pub async fn keep_stored_secrets(
+    store: &Store,
+    spec: &TableSpec,
+    id: &str,
+    changes: &mut Map<String, Value>,
+) -> Result<(), ApiError> {
+    let sends_mask = SECRET_COLUMNS.iter().any(|c| {
+        changes
+            .get(*c)
+            .is_some_and(|v| v.to_string().contains(REDACTED))
+    });
+    if !sends_mask {
+        return Ok(());
+    }
+    let stored = match uuid::Uuid::parse_str(id) {
+        Ok(uuid) => store.row(spec, uuid).await?,
+        Err(_) => None,
+    };
+    for column in SECRET_COLUMNS {
+        if let Some(value) = changes.get_mut(*column) {
+            let old = stored.as_ref().and_then(|row| row.get(*column));
+            secrets::restore_masked(old, value, column).map_err(|field| {
+                ApiError::field(
+                    field,
+                    format!(
+                        "is {REDACTED:?} but no value is stored there to keep; send the real value \
+                         (a URL may carry `***` only when sent back unchanged)"
+                    ),
+                )
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// What replaces an execution's output for a caller without the token.
+pub fn output_needs_token() -> Value {
+    serde_json::json!({
+        "hidden": true,
+        "reason": "execution output (response captures, stdout, stderr) is shown only to \
+                   requests carrying the API token: Authorization: Bearer <API_TOKEN>",
+    })
+}
+
+/// An execution as the API shows it; its output only to token holders.
+pub fn present_execution(mut row: Map<String, Value>, with_token: bool) -> Value {
+    if !with_token && row.get("output").is_some_and(|o| !o.is_null()) {
+        row.insert("output".into(), output_needs_token());
+    }
+    present(row)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
 
     #[test]
+    fn outputs_need_the_token() {
+        let row = |output: Value| {
+            let mut map = Map::new();
+            map.insert("output".into(), output);
+            map
+        };
+        let shown = present_execution(row(json!({"body": "x"})), false);
+        assert_eq!(shown["output"]["hidden"], true);
+        assert_eq!(
+            present_execution(row(Value::Null), false)["output"],
+            Value::Null
+        );
+        assert_eq!(
+            present_execution(row(json!({"body": "x"})), true)["output"]["body"],
+            "x"
+        );
+    }
+
+    #[test]
     fn secrets_are_redacted_at_any_depth() {
         let params = json!({
             "url": "https://example.com",
+            "method": "POST",
             "headers": { "Authorization": "Bearer x", "X-Trace": "1" },
             "env": { "DB_PASSWORD": "p", "API_TOKEN": "t", "client_secret": "s" },
             "list": [{ "token": "t" }],
@@ -113,7 +182,9 @@ mod tests {
         let shown = redact(&params);
         assert_eq!(shown["url"], "https://example.com");
         assert_eq!(shown["headers"]["Authorization"], REDACTED);
-        assert_eq!(shown["headers"]["X-Trace"], "1");
+        // Every header value is write-only, not only credential-named ones.
+        assert_eq!(shown["headers"]["X-Trace"], REDACTED);
+        assert_eq!(shown["method"], "POST");
         assert_eq!(shown["env"]["DB_PASSWORD"], REDACTED);
         assert_eq!(shown["env"]["API_TOKEN"], REDACTED);
         assert_eq!(shown["env"]["client_secret"], REDACTED);

@@ -246,6 +246,48 @@ pub fn table() -> Vec<Route> {
     ]
 }
 
+/// The `Allow` header for `path` (relative to [`PREFIX`] or not): the
+/// methods of the table's route that axum would pick for it, HEAD with GET
+/// as axum serves it. None when no route matches, so the answer is a 404.
+///
+/// Routing prefers a literal segment over a `{param}` one at the first
+/// place they differ (matchit's rule), so `/branch-rules/due` allows only
+/// GET, not the methods of `/branch-rules/{id}`.
+pub fn allowed_methods(path: &str) -> Option<String> {
+    let path = path.strip_prefix(PREFIX).unwrap_or(path);
+    let segments: Vec<&str> = path.split('/').collect();
+    let table = table();
+    let best = table
+        .iter()
+        .filter_map(|route| {
+            let template: Vec<&str> = route.path.split('/').collect();
+            if template.len() != segments.len() {
+                return None;
+            }
+            let mut literal = Vec::with_capacity(template.len());
+            for (t, s) in template.iter().zip(&segments) {
+                let is_param = t.starts_with('{') && t.ends_with('}');
+                if (is_param && s.is_empty()) || (!is_param && t != s) {
+                    return None;
+                }
+                literal.push(!is_param);
+            }
+            Some((literal, route.path))
+        })
+        .max_by(|a, b| a.0.cmp(&b.0))?
+        .1;
+    let mut methods: Vec<String> = Vec::new();
+    for route in table.iter().filter(|r| r.path == best) {
+        methods.push(route.method.to_ascii_uppercase());
+        if route.method == "get" {
+            methods.push("HEAD".to_string());
+        }
+    }
+    methods.sort();
+    methods.dedup();
+    Some(methods.join(","))
+}
+
 async fn openapi_handler() -> Json<Value> {
     Json(openapi())
 }
@@ -268,6 +310,7 @@ pub fn openapi() -> Value {
                 "200": { "description": "success" },
                 "400": { "$ref": "#/components/responses/Error" },
                 "404": { "$ref": "#/components/responses/Error" },
+                "405": { "$ref": "#/components/responses/Error" },
             },
         });
         if route.method != "get" {
@@ -277,6 +320,8 @@ pub fn openapi() -> Value {
             op["responses"]["409"] = json!({ "$ref": "#/components/responses/Error" });
         }
         if matches!(route.method, "post" | "put") {
+            op["responses"]["413"] = json!({ "$ref": "#/components/responses/Error" });
+            op["responses"]["415"] = json!({ "$ref": "#/components/responses/Error" });
             op["requestBody"] =
                 json!({ "content": { "application/json": { "schema": { "type": "object" } } } });
         }
@@ -302,4 +347,33 @@ pub fn openapi() -> Value {
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::allowed_methods;
+
+    #[test]
+    fn allow_lists_the_methods_of_the_matching_route() {
+        assert_eq!(allowed_methods("/brands").as_deref(), Some("GET,HEAD,POST"));
+        assert_eq!(
+            allowed_methods("/api/v1/brands/abc").as_deref(),
+            Some("DELETE,GET,HEAD,PUT")
+        );
+        assert_eq!(
+            allowed_methods("/branch-rules/due").as_deref(),
+            Some("GET,HEAD")
+        );
+        assert_eq!(
+            allowed_methods("/branch-rules/x/run").as_deref(),
+            Some("POST")
+        );
+        assert_eq!(
+            allowed_methods("/branch-rules/x/action-details/y").as_deref(),
+            Some("DELETE,GET,HEAD,PUT")
+        );
+        assert_eq!(allowed_methods("/plan").as_deref(), Some("GET,HEAD"));
+        assert_eq!(allowed_methods("/nothing"), None);
+        assert_eq!(allowed_methods("/brands//"), None);
+    }
 }

@@ -34,7 +34,8 @@ pub async fn load_plan(
 ) -> Result<(ExecutionPlan, PlanSource, Option<PartitionOwners>), CommandError> {
     let from_database = async {
         let store = Store::connect(&config.database_url).await?;
-        let data = store.load_plan_data(config.plan_action_details_cap).await;
+        // Bad rows are set aside and listed, as the service quarantines them.
+        let data = store.load_plan(config.plan_action_details_cap, None).await;
         let owners = store
             .partition_owners(config.partition_count, &config.instance_id)
             .await;
@@ -44,7 +45,7 @@ pub async fn load_plan(
     .await;
     match from_database {
         Ok((data, owners)) => Ok((
-            ExecutionPlan::from_data(data),
+            ExecutionPlan::from_load(data),
             PlanSource::Database,
             Some(owners),
         )),
@@ -91,6 +92,7 @@ pub fn plan_lines(
         ready_count,
         millis_to_utc(now).to_rfc3339()
     )];
+    lines.extend(quarantine_lines(plan));
     for workflow in workflows {
         let row = &workflow.branch_rule;
         let branch = plan.branch(&row.branch_id);
@@ -127,6 +129,30 @@ pub fn plan_lines(
             row.id,
             branch.map_or_else(|| unknown(row.branch_id), |b| b.name.clone()),
             rule.map_or_else(|| unknown(row.rule_id), |r| r.name.clone()),
+        ));
+    }
+    lines
+}
+
+/// One line per quarantined row, before the workflows: the rows that are
+/// kept out of the plan and hold back the rules that depend on them.
+fn quarantine_lines(plan: &ExecutionPlan) -> Vec<String> {
+    let quarantine = plan.quarantine();
+    if quarantine.is_empty() {
+        return Vec::new();
+    }
+    let mut lines = vec![format!(
+        "{} row(s) quarantined (kept out of the plan until fixed):",
+        quarantine.len()
+    )];
+    for row in quarantine.rows() {
+        lines.push(format!(
+            "QUARANTINED  {} {}  {}: {} ({})",
+            row.table,
+            row.id,
+            row.field,
+            row.message,
+            row.reason.as_str()
         ));
     }
     lines
@@ -177,10 +203,50 @@ mod tests {
         assert!(lines[1].contains("has no live owner"), "{}", lines[1]);
         let single = PartitionOwners::single(4, "me");
         let lines = plan_lines(&ready_plan, now, chrono_tz::Asia::Riyadh, Some(&single));
+        assert_eq!(lines.len(), 2, "nothing quarantined, nothing listed");
+        let lines = plan_lines(&ready_plan, now, chrono_tz::Asia::Riyadh, Some(&single));
         assert!(
             lines[1].contains(" on me") && lines[1].ends_with("READY"),
             "{}",
             lines[1]
+        );
+    }
+
+    #[test]
+    fn quarantined_rows_and_the_rules_they_hold_are_listed() {
+        let now = 1_800_000_000_000;
+        let mut fixture = Fixture::due(now - 1);
+        fixture.branch.timezone = Some("Mars/Olympus".into());
+        let load = crate::model::PlanLoad {
+            data: fixture.data(),
+            rejected: vec![crate::model::RejectedRow {
+                table: "branch_rules".into(),
+                id: "not-a-uuid".into(),
+                field: "id".into(),
+                reason: crate::model::RejectReason::Decode,
+                message: "invalid UUID".into(),
+                branch_rule_id: None,
+            }],
+        };
+        let plan = ExecutionPlan::from_load(load);
+        let lines = plan_lines(&plan, now, chrono_tz::Asia::Riyadh, None);
+        let text = lines.join("\n");
+        assert!(text.contains("2 row(s) quarantined"), "{text}");
+        assert!(
+            text.contains("QUARANTINED  branch_rules not-a-uuid  id: invalid UUID (decode)"),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "QUARANTINED  branches {}  timezone: invalid time zone \"Mars/Olympus\" on branch {}",
+                fixture.branch.id, fixture.branch.id
+            )),
+            "{text}"
+        );
+        let workflow = lines.last().unwrap();
+        assert!(
+            workflow.contains("not ready: held: branches row") && workflow.contains("Mars/Olympus"),
+            "{workflow}"
         );
     }
 }

@@ -2,7 +2,7 @@ use ractor::RpcReplyPort;
 use uuid::Uuid;
 
 use crate::cluster::Ownership;
-use crate::model::{BranchRule, Millis, PlanData};
+use crate::model::{BranchRule, Millis, PlanLoad, RejectedRow};
 use crate::plan::{JobSpec, MergeReport, OutboxEntry, PlanError, PlanSnapshot, PlanStats};
 
 /// Messages of the [`PlanActor`](crate::actors::plan::PlanActor), the single
@@ -49,8 +49,19 @@ pub enum PlanMsg {
         execution_id: Uuid,
         row: Option<BranchRule>,
     },
-    /// Folds a fresh read of the database into the plan (smart merge).
-    Merge(Box<PlanData>, RpcReplyPort<MergeReport>),
+    /// Folds a fresh read of the database into the plan: its bad rows are
+    /// quarantined (one WARN each, on entry), the rest is smart-merged.
+    Merge(Box<PlanLoad>, RpcReplyPort<MergeReport>),
+    /// The next run of a workflow strictly after `after`, from the plan's
+    /// current rows (the worker's finish: a value fixed or broken while
+    /// the job ran counts). Changes nothing.
+    NextRunAfter {
+        id: Uuid,
+        after: Millis,
+        reply: RpcReplyPort<Result<Millis, PlanError>>,
+    },
+    /// The quarantined rows and the workflows held back, with why.
+    Quarantine(RpcReplyPort<QuarantineReport>),
     /// Clears every running flag; replies with how many were set.
     ResetRunningFlags(RpcReplyPort<usize>),
     /// A full copy of the plan, as the plan file holds it.
@@ -70,4 +81,20 @@ pub struct ReadyJobs {
     pub jobs: Vec<JobSpec>,
     /// The earliest time something not ready now may become ready.
     pub next_wake: Option<Millis>,
+}
+
+/// The answer to [`PlanMsg::Quarantine`].
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct QuarantineReport {
+    /// Rows kept out of the plan, by table and id.
+    pub rows: Vec<RejectedRow>,
+    /// Workflows held back by a quarantined row or a missing next run.
+    pub held: Vec<HeldWorkflow>,
+}
+
+/// One held workflow and the reason `ruled plan` gives for it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct HeldWorkflow {
+    pub id: Uuid,
+    pub reason: String,
 }

@@ -174,7 +174,8 @@ pub fn merge(
     } = scope
     {
         // Rows outside the delta are unchanged by definition: no sweep.
-        report.full_refresh_needed = plan.present_len() as u64 != total_branch_rules;
+        let known = plan.present_len() + plan.quarantined_branch_rules();
+        report.full_refresh_needed = known as u64 != total_branch_rules;
         return report;
     }
 

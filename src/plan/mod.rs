@@ -9,7 +9,9 @@
 mod jobs;
 mod merge;
 mod next_run;
+mod quarantine;
 mod ready;
+mod resolve;
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -19,13 +21,18 @@ use uuid::Uuid;
 use crate::lifecycle::{Fence, Finish};
 
 use crate::model::{
-    ActionDetail, ActionTemplate, Branch, BranchRule, Brand, BrandRule, Millis, PlanData, Rule,
+    ActionDetail, ActionTemplate, Branch, BranchRule, Brand, BrandRule, Millis, PlanData, PlanLoad,
+    RejectedRow, Rule,
 };
 
 pub use jobs::{JobSpec, JobStep, job_spec, missed_windows, next_wake};
 pub use merge::{MergeOptions, MergeReport, NextRunChange, merge};
 pub use next_run::{PlanError, local_next_run_time, schedule_of};
+pub use quarantine::{Quarantine, QuarantineChange, screen};
 pub use ready::{NotReady, check_ready, ready, ready_owned};
+pub use resolve::{
+    ResolveError, ScheduleParts, next_run, resolve_expression, resolve_schedule, resolve_zone,
+};
 
 /// One branch rule as the plan holds it, with the bookkeeping smart merge needs.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -85,6 +92,10 @@ pub struct PlanStats {
     pub inactive: usize,
     pub running: usize,
     pub removed: usize,
+    /// Active workflows held back by a quarantined row or a missing next
+    /// run: they need an operator, not time.
+    #[serde(default)]
+    pub held: usize,
     pub due: usize,
     pub branches: usize,
     pub rules: usize,
@@ -152,6 +163,8 @@ pub struct ExecutionPlan {
     /// How many workflows have `missing_since` set, kept so an incremental
     /// refresh can compare the plan's size with the table's in O(1).
     missing: usize,
+    /// Rows kept out of the plan; rules that depend on one are held.
+    quarantine: Quarantine,
 }
 
 fn by_id<T>(items: Vec<T>, id: impl Fn(&T) -> Uuid) -> HashMap<Uuid, T> {
@@ -169,6 +182,24 @@ impl ExecutionPlan {
         merge(
             &mut plan,
             data,
+            0,
+            MergeOptions {
+                first_refresh: true,
+                ..MergeOptions::default()
+            },
+        );
+        plan
+    }
+
+    /// [`ExecutionPlan::from_data`] for a read that may carry bad rows:
+    /// they are quarantined, as a refresh does.
+    pub fn from_load(load: PlanLoad) -> ExecutionPlan {
+        let mut plan = ExecutionPlan::new();
+        let mut load = load;
+        plan.quarantine_bad_rows(&mut load, 0);
+        merge(
+            &mut plan,
+            load.data,
             0,
             MergeOptions {
                 first_refresh: true,
@@ -296,6 +327,37 @@ impl ExecutionPlan {
     /// Workflows the database still has (not marked missing).
     pub fn present_len(&self) -> usize {
         self.workflows.len() - self.missing
+    }
+
+    /// The rows kept out of the plan.
+    pub fn quarantine(&self) -> &Quarantine {
+        &self.quarantine
+    }
+
+    /// The first step of every refresh: takes the rows whose cron, zone or
+    /// window is invalid out of `load` ([`screen`]), files them with the
+    /// rows that did not decode, and stops running branch rules that are
+    /// quarantined now (a delta leaves their last good version in place
+    /// otherwise). Returns what entered and left the quarantine.
+    pub fn quarantine_bad_rows(&mut self, load: &mut PlanLoad, now: Millis) -> QuarantineChange {
+        let mut rejected: Vec<RejectedRow> = std::mem::take(&mut load.rejected);
+        rejected.extend(screen(&mut load.data));
+        let decoded = load.data.branch_rules.iter().map(|row| row.id);
+        let change = self.quarantine.apply(rejected, decoded, load.data.scope);
+        let held: Vec<Uuid> = self.quarantine.branch_rule_ids().collect();
+        for id in held {
+            if self.get(&id).is_some_and(|w| w.missing_since.is_none()) {
+                self.update(&id, |w| w.missing_since = Some(now));
+            }
+        }
+        change
+    }
+
+    /// Branch rules in the table the plan does not hold: the quarantined
+    /// ones. An incremental refresh adds them to the plan's size before
+    /// comparing it with the table's.
+    pub(crate) fn quarantined_branch_rules(&self) -> usize {
+        self.quarantine.count(quarantine::BRANCH_RULES)
     }
 
     /// Inserts or replaces a workflow, keeping the due index in step.
@@ -469,6 +531,8 @@ impl ExecutionPlan {
                 stats.removed += 1;
             } else if row.is_currently_running {
                 stats.running += 1;
+            } else if row.is_active && !row.is_archived && self.is_held(workflow) {
+                stats.held += 1;
             } else if row.is_active && !row.is_archived {
                 stats.active += 1;
             } else {
@@ -476,6 +540,18 @@ impl ExecutionPlan {
             }
         }
         stats
+    }
+
+    /// Held for a quarantined row or a next run that could not be computed
+    /// (see [`NotReady::is_held`]), whatever the time.
+    fn is_held(&self, workflow: &Workflow) -> bool {
+        let row = &workflow.branch_rule;
+        let ran_its_occurrence = matches!(
+            (row.next_run_time, row.last_run_time),
+            (Some(next), Some(last)) if next <= last
+        );
+        ran_its_occurrence
+            || (!self.quarantine.is_empty() && self.quarantined_dependency(workflow).is_some())
     }
 
     pub(crate) fn next_generation(&mut self) -> u64 {

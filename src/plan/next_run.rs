@@ -5,59 +5,108 @@
 use chrono_tz::Tz;
 use uuid::Uuid;
 
-use super::ExecutionPlan;
+use super::quarantine::{BRANCHES, BRAND_RULES, RULES, quarantined_error};
+use super::resolve::{ResolveError, ScheduleParts, next_run, resolve_schedule};
+use super::{ExecutionPlan, Workflow};
 use crate::model::Millis;
-use crate::schedule::{CronSchedule, ScheduleCache, ScheduleError, next_after_millis};
+use crate::schedule::{CronSchedule, ScheduleCache};
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum PlanError {
     #[error("workflow {0} is not in the plan")]
     UnknownWorkflow(Uuid),
-    #[error("rule {rule_id} of workflow {workflow_id} is not in the plan")]
-    MissingRule { workflow_id: Uuid, rule_id: Uuid },
-    #[error("workflow {workflow_id}: {reason}")]
-    InvalidZone { workflow_id: Uuid, reason: String },
     #[error("workflow {workflow_id}: {source}")]
     Schedule {
         workflow_id: Uuid,
-        source: ScheduleError,
+        source: ResolveError,
     },
 }
 
-/// The cron expression and zone a workflow runs on: the brand rule's
-/// expression overrides the rule's; the branch's zone overrides the default.
+impl PlanError {
+    /// The schedule problem, when that is what this is.
+    pub fn schedule_error(&self) -> Option<&ResolveError> {
+        match self {
+            PlanError::Schedule { source, .. } => Some(source),
+            PlanError::UnknownWorkflow(_) => None,
+        }
+    }
+}
+
+impl ExecutionPlan {
+    /// What the workflow's schedule is made of, from the plan's tables. A
+    /// row it depends on that is quarantined is an error carrying the
+    /// quarantine's reason; a brand rule that sets no expression leaves the
+    /// rule's in force.
+    pub fn schedule_parts<'p>(
+        &'p self,
+        workflow: &Workflow,
+    ) -> Result<ScheduleParts<'p>, ResolveError> {
+        let row = &workflow.branch_rule;
+        let branch = match self.branch(&row.branch_id) {
+            Some(branch) => (branch.id, branch.timezone.as_deref()),
+            None => {
+                return Err(self.quarantine.get(BRANCHES, &row.branch_id).map_or(
+                    ResolveError::Missing {
+                        table: "branch",
+                        id: row.branch_id,
+                    },
+                    quarantined_error,
+                ));
+            }
+        };
+        if self.rule(&row.rule_id).is_none()
+            && let Some(quarantined) = self.quarantine.get(RULES, &row.rule_id)
+        {
+            return Err(quarantined_error(quarantined));
+        }
+        let rule = (
+            row.rule_id,
+            self.rule(&row.rule_id).map(|r| r.cron_expression.as_str()),
+        );
+        let mut brand_rule = None;
+        if let Some(id) = row.brand_rule_id {
+            if let Some(quarantined) = self.quarantine.get(BRAND_RULES, &id) {
+                return Err(quarantined_error(quarantined));
+            }
+            brand_rule = self
+                .brand_rule(&id)
+                .and_then(|b| b.cron_expression.as_deref())
+                .map(|expression| (id, expression));
+        }
+        Ok(ScheduleParts {
+            branch,
+            rule,
+            brand_rule,
+        })
+    }
+}
+
+fn parts_of<'p>(
+    plan: &'p ExecutionPlan,
+    workflow_id: &Uuid,
+) -> Result<ScheduleParts<'p>, PlanError> {
+    let workflow = plan
+        .get(workflow_id)
+        .ok_or(PlanError::UnknownWorkflow(*workflow_id))?;
+    plan.schedule_parts(workflow)
+        .map_err(|source| PlanError::Schedule {
+            workflow_id: *workflow_id,
+            source,
+        })
+}
+
+/// The cron expression and zone a workflow runs on, by the one resolver.
 pub fn schedule_of(
     plan: &ExecutionPlan,
     workflow_id: &Uuid,
     default_zone: Tz,
     schedules: &mut ScheduleCache,
 ) -> Result<(CronSchedule, Tz), PlanError> {
-    let workflow = plan
-        .get(workflow_id)
-        .ok_or(PlanError::UnknownWorkflow(*workflow_id))?;
-    let row = &workflow.branch_rule;
-    let rule = plan.rule(&row.rule_id).ok_or(PlanError::MissingRule {
+    let parts = parts_of(plan, workflow_id)?;
+    resolve_schedule(&parts, default_zone, schedules).map_err(|source| PlanError::Schedule {
         workflow_id: *workflow_id,
-        rule_id: row.rule_id,
-    })?;
-    let expression = row
-        .brand_rule_id
-        .and_then(|id| plan.brand_rule(&id))
-        .and_then(|brand_rule| brand_rule.cron_expression.as_deref())
-        .unwrap_or(&rule.cron_expression);
-    let zone = plan
-        .zone_of(workflow, default_zone)
-        .map_err(|reason| PlanError::InvalidZone {
-            workflow_id: *workflow_id,
-            reason: reason.to_string(),
-        })?;
-    let schedule = schedules
-        .parse(expression)
-        .map_err(|source| PlanError::Schedule {
-            workflow_id: *workflow_id,
-            source,
-        })?;
-    Ok((schedule, zone))
+        source,
+    })
 }
 
 /// The next occurrence strictly after `after`, always recomputed from the
@@ -69,8 +118,8 @@ pub fn local_next_run_time(
     default_zone: Tz,
     schedules: &mut ScheduleCache,
 ) -> Result<Millis, PlanError> {
-    let (schedule, zone) = schedule_of(plan, workflow_id, default_zone, schedules)?;
-    next_after_millis(&schedule, zone, after).map_err(|source| PlanError::Schedule {
+    let parts = parts_of(plan, workflow_id)?;
+    next_run(&parts, default_zone, after, schedules).map_err(|source| PlanError::Schedule {
         workflow_id: *workflow_id,
         source,
     })
@@ -138,6 +187,7 @@ mod tests {
     fn errors_name_the_workflow() {
         let mut fixture = Fixture::due(0);
         fixture.rule.cron_expression = "61 * * * *".into();
+        // Straight into the plan: a refresh would have quarantined the rule.
         let plan = fixture.plan();
         let err = local_next_run_time(
             &plan,
@@ -147,7 +197,13 @@ mod tests {
             &mut ScheduleCache::default(),
         )
         .unwrap_err();
-        assert!(matches!(err, PlanError::Schedule { .. }));
+        assert!(matches!(
+            err,
+            PlanError::Schedule {
+                source: ResolveError::InvalidCron { .. },
+                ..
+            }
+        ));
         assert!(err.to_string().contains(&fixture.workflow_id.to_string()));
         let unknown = Uuid::from_u128(7);
         assert_eq!(
@@ -159,6 +215,36 @@ mod tests {
                 &mut ScheduleCache::default()
             ),
             Err(PlanError::UnknownWorkflow(unknown))
+        );
+    }
+
+    #[test]
+    fn a_quarantined_branch_gives_its_reason_as_the_error() {
+        let mut fixture = Fixture::due(0);
+        fixture.branch.timezone = Some("Mars/Olympus".into());
+        let plan = ExecutionPlan::from_load(crate::model::PlanLoad {
+            data: fixture.data(),
+            rejected: vec![],
+        });
+        let err = local_next_run_time(
+            &plan,
+            &fixture.workflow_id,
+            0,
+            chrono_tz::UTC,
+            &mut ScheduleCache::default(),
+        )
+        .unwrap_err();
+        let source = err.schedule_error().unwrap();
+        assert_eq!(
+            source.to_string(),
+            format!(
+                "invalid time zone \"Mars/Olympus\" on branch {}",
+                fixture.branch.id
+            )
+        );
+        assert_eq!(
+            source.reject_reason(),
+            Some(crate::model::RejectReason::Zone)
         );
     }
 }

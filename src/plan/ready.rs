@@ -7,11 +7,12 @@ use chrono_tz::Tz;
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::{ExecutionPlan, Workflow};
+use super::resolve::resolve_zone;
+use super::{ExecutionPlan, Workflow, quarantine};
 use crate::clock::millis_to_utc;
 use crate::cluster::Ownership;
 use crate::model::{Millis, RuleStatus};
-use crate::schedule::{TimeOfDay, Window, local_time_of_day, parse_timezone};
+use crate::schedule::{TimeOfDay, Window, local_time_of_day};
 
 /// Why a workflow is not ready, in the order the filter checks.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -38,6 +39,34 @@ pub enum NotReady {
         local_time: TimeOfDay,
         window: Window,
     },
+    /// Held: the branch rule itself, or a row its schedule or actions
+    /// depend on, is quarantined. Resumes once the row is fixed.
+    Quarantined {
+        table: String,
+        id: String,
+        message: String,
+    },
+    /// Held: the occurrence at `next_run_time` already ran (at
+    /// `last_run_time`) and no next run could be computed after it. Never
+    /// runs the same occurrence twice; a new next_run_time (an API change
+    /// of the rule, branch or branch rule, or run now) resumes it.
+    NoNextRun {
+        next_run_time: Millis,
+        last_run_time: Millis,
+    },
+}
+
+impl NotReady {
+    /// Held for a problem an operator must fix, rather than waiting for
+    /// time, a window or a flag.
+    pub fn is_held(&self) -> bool {
+        matches!(
+            self,
+            NotReady::Quarantined { .. }
+                | NotReady::NoNextRun { .. }
+                | NotReady::InvalidTimezone { .. }
+        )
+    }
 }
 
 impl fmt::Display for NotReady {
@@ -66,6 +95,18 @@ impl fmt::Display for NotReady {
             NotReady::OutsideWindow { local_time, window } => {
                 write!(f, "local time {local_time} is outside the window {window}")
             }
+            NotReady::Quarantined { table, id, message } => {
+                write!(f, "held: {table} row {id} is quarantined: {message}")
+            }
+            NotReady::NoNextRun {
+                next_run_time,
+                last_run_time,
+            } => write!(
+                f,
+                "held: the occurrence at {} already ran at {} and no next run could be computed",
+                millis_to_utc(*next_run_time).to_rfc3339(),
+                millis_to_utc(*last_run_time).to_rfc3339()
+            ),
         }
     }
 }
@@ -77,12 +118,37 @@ impl ExecutionPlan {
             .branches
             .get(&workflow.branch_rule.branch_id)
             .ok_or(NotReady::BranchMissing)?;
-        match branch.timezone.as_deref() {
-            None => Ok(default_zone),
-            Some(name) => parse_timezone(name).map_err(|_| NotReady::InvalidTimezone {
-                timezone: name.to_string(),
-            }),
-        }
+        let timezone = branch.timezone.as_deref();
+        resolve_zone(branch.id, timezone, default_zone).map_err(|_| NotReady::InvalidTimezone {
+            timezone: timezone.unwrap_or_default().to_string(),
+        })
+    }
+
+    /// A quarantined row that holds this workflow back: the branch rule
+    /// itself, its branch, rule or brand rule, one of its action details,
+    /// or the template of one.
+    pub(crate) fn quarantined_dependency(&self, workflow: &Workflow) -> Option<NotReady> {
+        let row = &workflow.branch_rule;
+        let q = &self.quarantine;
+        let hit = q
+            .get(quarantine::BRANCH_RULES, &row.id)
+            .or_else(|| q.get(quarantine::BRANCHES, &row.branch_id))
+            .or_else(|| q.get(quarantine::RULES, &row.rule_id))
+            .or_else(|| {
+                row.brand_rule_id
+                    .and_then(|id| q.get(quarantine::BRAND_RULES, &id))
+            })
+            .or_else(|| q.detail_of(&row.id))
+            .or_else(|| {
+                self.action_details(&row.id)
+                    .iter()
+                    .find_map(|d| q.get(quarantine::ACTION_TEMPLATES, &d.action_template_id))
+            })?;
+        Some(NotReady::Quarantined {
+            table: hit.table.clone(),
+            id: hit.id.clone(),
+            message: hit.message.clone(),
+        })
     }
 }
 
@@ -94,6 +160,12 @@ pub fn check_ready(
     default_zone: Tz,
 ) -> Result<(), NotReady> {
     let row = &workflow.branch_rule;
+    // Cheap when nothing is quarantined, which is the usual case.
+    if !plan.quarantine.is_empty()
+        && let Some(held) = plan.quarantined_dependency(workflow)
+    {
+        return Err(held);
+    }
     if workflow.missing_since.is_some() {
         return Err(NotReady::RemovedFromDatabase);
     }
@@ -118,6 +190,16 @@ pub fn check_ready(
         return Err(NotReady::RuleInactive);
     }
     let next_run_time = row.next_run_time.ok_or(NotReady::NoNextRunTime)?;
+    // A finish that could not compute a next run leaves next_run_time at
+    // the occurrence it ran; running it again would repeat that occurrence.
+    if let Some(last_run_time) = row.last_run_time
+        && next_run_time <= last_run_time
+    {
+        return Err(NotReady::NoNextRun {
+            next_run_time,
+            last_run_time,
+        });
+    }
     if next_run_time > now {
         return Err(NotReady::NotDue { next_run_time });
     }
@@ -387,5 +469,105 @@ mod tests {
         plan.remove(&id);
         assert!(ready(&plan, NOW, 500, RIYADH).is_empty());
         assert_eq!(plan.earliest_due(), None);
+    }
+
+    fn quarantined_plan(
+        fixture: &Fixture,
+        rejected: Vec<crate::model::RejectedRow>,
+    ) -> ExecutionPlan {
+        ExecutionPlan::from_load(crate::model::PlanLoad {
+            data: fixture.data(),
+            rejected,
+        })
+    }
+
+    #[test]
+    fn a_rule_whose_zone_or_cron_is_quarantined_is_held_with_the_reason() {
+        let mut fixture = Fixture::due(NOW - 1);
+        fixture.branch.timezone = Some("Mars/Olympus".into());
+        let plan = quarantined_plan(&fixture, vec![]);
+        let reason =
+            check_ready(&plan, plan.get(&fixture.workflow_id).unwrap(), NOW, RIYADH).unwrap_err();
+        assert!(reason.is_held(), "{reason}");
+        assert!(
+            reason.to_string().contains(&format!(
+                "invalid time zone \"Mars/Olympus\" on branch {}",
+                fixture.branch.id
+            )),
+            "{reason}"
+        );
+        assert!(ready(&plan, NOW, 500, RIYADH).is_empty());
+        assert_eq!(plan.stats(NOW).held, 1);
+
+        let mut fixture = Fixture::due(NOW - 1);
+        fixture.rule.cron_expression = "*/0 * * * *".into();
+        let plan = quarantined_plan(&fixture, vec![]);
+        let reason =
+            check_ready(&plan, plan.get(&fixture.workflow_id).unwrap(), NOW, RIYADH).unwrap_err();
+        assert!(
+            matches!(&reason, NotReady::Quarantined { table, .. } if table == "rules"),
+            "{reason}"
+        );
+        // Fixed: the next refresh brings the rule back and it is ready.
+        let mut plan = plan;
+        let mut load = crate::model::PlanLoad {
+            data: Fixture::due(NOW - 1).data(),
+            rejected: vec![],
+        };
+        let change = plan.quarantine_bad_rows(&mut load, NOW);
+        assert_eq!(change.released.len(), 1);
+        crate::plan::merge(
+            &mut plan,
+            load.data,
+            NOW,
+            crate::plan::MergeOptions::default(),
+        );
+        assert_eq!(ready(&plan, NOW, 500, RIYADH), vec![fixture.workflow_id]);
+    }
+
+    #[test]
+    fn a_quarantined_action_detail_holds_its_rule_only() {
+        let fixture = Fixture::due(NOW - 1);
+        let detail = crate::model::RejectedRow {
+            table: "action_details".into(),
+            id: "d-1".into(),
+            field: "params".into(),
+            reason: crate::model::RejectReason::Decode,
+            message: "invalid JSON".into(),
+            branch_rule_id: Some(fixture.workflow_id),
+        };
+        let plan = quarantined_plan(&fixture, vec![detail.clone()]);
+        assert!(ready(&plan, NOW, 500, RIYADH).is_empty());
+        let other = crate::model::RejectedRow {
+            branch_rule_id: Some(Uuid::from_u128(0xFFFF)),
+            ..detail
+        };
+        let plan = quarantined_plan(&fixture, vec![other]);
+        assert_eq!(ready(&plan, NOW, 500, RIYADH), vec![fixture.workflow_id]);
+    }
+
+    #[test]
+    fn an_occurrence_that_already_ran_is_never_ready_again() {
+        let mut fixture = Fixture::due(NOW - 60_000);
+        // The finish could not compute a next run: next_run_time stayed at
+        // the occurrence that ran, last_run_time moved past it.
+        fixture.branch_rule.last_run_time = Some(NOW - 30_000);
+        let reason = reason(&fixture, NOW).unwrap_err();
+        assert_eq!(
+            reason,
+            NotReady::NoNextRun {
+                next_run_time: NOW - 60_000,
+                last_run_time: NOW - 30_000
+            }
+        );
+        assert!(reason.to_string().contains("already ran"), "{reason}");
+        assert_eq!(fixture.plan().stats(NOW).held, 1);
+        // A new next run (run now, an API fix) resumes it.
+        fixture.branch_rule.next_run_time = Some(NOW - 1);
+        assert_eq!(reason_of(&fixture, NOW), Ok(()));
+    }
+
+    fn reason_of(fixture: &Fixture, now: Millis) -> Result<(), NotReady> {
+        reason(fixture, now)
     }
 }

@@ -56,8 +56,10 @@ impl FromStr for TimeOfDay {
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         let invalid = || ScheduleError::InvalidTimeOfDay(text.to_string());
         let (hour, minute) = text.split_once(':').ok_or_else(invalid)?;
-        // Exactly two digits each: "9:00" or "09:5" are typos we refuse rather than guess.
-        if hour.len() != 2 || minute.len() != 2 {
+        // Exactly two ASCII digits each: "9:00" or "09:5" are typos we refuse
+        // rather than guess, and `u32::from_str` alone would take "+9".
+        let two_digits = |part: &str| part.len() == 2 && part.bytes().all(|b| b.is_ascii_digit());
+        if !two_digits(hour) || !two_digits(minute) {
             return Err(invalid());
         }
         let hour: u32 = hour.parse().map_err(|_| invalid())?;
@@ -93,7 +95,10 @@ pub struct Window {
 
 impl Window {
     /// Builds a window from the two optional columns of a branch rule. Both
-    /// must be set for a window to exist; a single bound means no window.
+    /// must be set for a window to exist. A single bound is never stored
+    /// through the API (a 400 names the missing one) and a row written with
+    /// SQL that has one is quarantined before it reaches the plan, so here it
+    /// only ever means no window.
     pub fn from_bounds(from: Option<TimeOfDay>, to: Option<TimeOfDay>) -> Option<Window> {
         match (from, to) {
             (Some(from), Some(to)) => Some(Window { from, to }),
@@ -180,12 +185,41 @@ mod tests {
 
     #[test]
     fn malformed_times_are_rejected() {
-        for bad in ["24:00", "12:60", "9:00", "09:5", "0900", "ab:cd", ""] {
+        for bad in [
+            "24:00",
+            "12:60",
+            "9:00",
+            "09:5",
+            "0900",
+            "ab:cd",
+            "",
+            "+9:00",
+            "09:+5",
+            "-1:00",
+            " 9:00",
+            "09: 5",
+            "٠٩:٠٠",
+            "09:00:00",
+            "09:00 ",
+        ] {
             assert!(
                 bad.parse::<TimeOfDay>().is_err(),
                 "{bad} should be rejected"
             );
         }
         assert!("09:00".parse::<Window>().is_err());
+        assert!("+9:00-17:00".parse::<Window>().is_err());
+    }
+
+    #[test]
+    fn every_valid_time_round_trips() {
+        for hour in 0..24 {
+            for minute in 0..60 {
+                let text = format!("{hour:02}:{minute:02}");
+                let time: TimeOfDay = text.parse().unwrap();
+                assert_eq!((time.hour(), time.minute()), (hour, minute));
+                assert_eq!(time.to_string(), text);
+            }
+        }
     }
 }

@@ -7,7 +7,13 @@ use super::{ScheduleError, TimeOfDay, Window};
 
 const NANOS_PER_DAY: i64 = 86_400 * 1_000_000_000;
 
-/// Parses an IANA zone name such as `Asia/Riyadh` (exact spelling).
+/// Parses an IANA zone name such as `Asia/Riyadh` (exact spelling and
+/// case).
+///
+/// White space around the name is ignored here, so an env file's trailing
+/// blank or a row stored before the API checked does not stop a branch.
+/// The API refuses such a name with a 400 rather than storing it, so what
+/// it stores is the exact name.
 pub fn parse_timezone(name: &str) -> Result<Tz, ScheduleError> {
     name.trim()
         .parse()
@@ -137,5 +143,11 @@ mod tests {
             parse_timezone("Asia/Riyadh").unwrap(),
             chrono_tz::Asia::Riyadh
         );
+        assert_eq!(
+            parse_timezone(" Asia/Riyadh\t").unwrap(),
+            chrono_tz::Asia::Riyadh
+        );
+        assert!(parse_timezone("asia/riyadh").is_err());
+        assert!(parse_timezone("").is_err());
     }
 }

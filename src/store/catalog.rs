@@ -1,5 +1,7 @@
 //! brands, branches, rules, brand_rules, action_templates.
 
+use uuid::Uuid;
+
 use super::decode::{AnyRow, RowReader, id_text, json_text, opt_id_text};
 use super::{Store, StoreError};
 use crate::model::{ActionTemplate, Branch, Brand, BrandRule, Rule};
@@ -197,5 +199,166 @@ impl Store {
             template.updated_at,
         )
         .map(drop)
+    }
+}
+
+// ---- history: executions under a catalog row, and archiving ----------------
+
+/// A catalog row whose deletion would take executions with it (through the
+/// cascades to branch_rules and on to executions).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CatalogScope {
+    /// A brand: its branches' branch rules and its own rules' branch rules.
+    Brand,
+    Branch,
+    Rule,
+    BranchRule,
+}
+
+impl CatalogScope {
+    /// The branch rules below one row, `$1` being its id.
+    fn branch_rules_sql(self) -> &'static str {
+        match self {
+            CatalogScope::Brand => {
+                "SELECT id FROM branch_rules \
+                 WHERE branch_id IN (SELECT id FROM branches WHERE brand_id = $1) \
+                 OR rule_id IN (SELECT id FROM rules WHERE brand_id = $1) ORDER BY id"
+            }
+            CatalogScope::Branch => "SELECT id FROM branch_rules WHERE branch_id = $1 ORDER BY id",
+            CatalogScope::Rule => "SELECT id FROM branch_rules WHERE rule_id = $1 ORDER BY id",
+            CatalogScope::BranchRule => "SELECT id FROM branch_rules WHERE id = $1",
+        }
+    }
+
+    fn count_sql(self) -> &'static str {
+        match self {
+            CatalogScope::Brand => {
+                "SELECT COUNT(*) FROM executions WHERE branch_rule_id IN \
+                 (SELECT id FROM branch_rules \
+                  WHERE branch_id IN (SELECT id FROM branches WHERE brand_id = $1) \
+                  OR rule_id IN (SELECT id FROM rules WHERE brand_id = $1))"
+            }
+            CatalogScope::Branch => {
+                "SELECT COUNT(*) FROM executions WHERE branch_rule_id IN \
+                 (SELECT id FROM branch_rules WHERE branch_id = $1)"
+            }
+            CatalogScope::Rule => {
+                "SELECT COUNT(*) FROM executions WHERE branch_rule_id IN \
+                 (SELECT id FROM branch_rules WHERE rule_id = $1)"
+            }
+            CatalogScope::BranchRule => "SELECT COUNT(*) FROM executions WHERE branch_rule_id = $1",
+        }
+    }
+
+    /// Stamps `archived_at` ($1) on the row ($2) and the catalog rows it
+    /// owns; branch rules have their own flag ([`ARCHIVE_BRANCH_RULE`]).
+    fn archive_sql(self) -> &'static [&'static str] {
+        match self {
+            CatalogScope::Brand => &[
+                "UPDATE brands SET archived_at = $1, updated_at = $1 \
+                 WHERE id = $2 AND archived_at IS NULL",
+                "UPDATE branches SET archived_at = $1, updated_at = $1 \
+                 WHERE brand_id = $2 AND archived_at IS NULL",
+                "UPDATE rules SET archived_at = $1, updated_at = $1 \
+                 WHERE brand_id = $2 AND archived_at IS NULL",
+            ],
+            CatalogScope::Branch => &["UPDATE branches SET archived_at = $1, updated_at = $1 \
+                 WHERE id = $2 AND archived_at IS NULL"],
+            CatalogScope::Rule => &["UPDATE rules SET archived_at = $1, updated_at = $1 \
+                 WHERE id = $2 AND archived_at IS NULL"],
+            CatalogScope::BranchRule => &[],
+        }
+    }
+}
+
+/// The plan's ready filter and the claim both skip archived branch rules.
+const ARCHIVE_BRANCH_RULE: &str = "\
+UPDATE branch_rules SET is_archived = $1, updated_at = $2 WHERE id = $3";
+
+fn parse_ids(ids: Vec<String>) -> Result<Vec<Uuid>, StoreError> {
+    ids.into_iter()
+        .map(|text| {
+            Uuid::parse_str(&text).map_err(|e| StoreError::Decode {
+                table: "branch_rules",
+                id: text.clone(),
+                column: "id",
+                message: e.to_string(),
+            })
+        })
+        .collect()
+}
+
+impl Store {
+    /// How many executions (any state) lie below the catalog row `id`.
+    pub async fn executions_under(&self, scope: CatalogScope, id: Uuid) -> Result<i64, StoreError> {
+        let sql = scope.count_sql();
+        let op = "count executions under a catalog row";
+        match self {
+            Store::Sqlite(pool) => {
+                sqlx::query_scalar(sql)
+                    .bind(id_text(id))
+                    .fetch_one(pool)
+                    .await
+            }
+            Store::Postgres(pool) => {
+                sqlx::query_scalar(sql)
+                    .bind(id_text(id))
+                    .fetch_one(pool)
+                    .await
+            }
+        }
+        .map_err(StoreError::query(op))
+    }
+
+    /// Archives the catalog rows `ids` of `scope` and everything below them
+    /// in one transaction: `archived_at` on brands, branches and rules,
+    /// `is_archived` on every branch rule below, nothing deleted. Returns
+    /// the branch rules archived, whose running jobs the caller cancels.
+    pub async fn archive(
+        &self,
+        scope: CatalogScope,
+        ids: &[Uuid],
+        now: i64,
+    ) -> Result<Vec<Uuid>, StoreError> {
+        macro_rules! run {
+            ($pool:expr) => {{
+                let mut tx = $pool
+                    .begin()
+                    .await
+                    .map_err(StoreError::query("begin archive"))?;
+                let mut archived = Vec::new();
+                for id in ids {
+                    let below: Vec<String> = sqlx::query_scalar(scope.branch_rules_sql())
+                        .bind(id_text(*id))
+                        .fetch_all(&mut *tx)
+                        .await
+                        .map_err(StoreError::query("select branch rules to archive"))?;
+                    for sql in scope.archive_sql() {
+                        execute_on!(&mut *tx, "archive catalog row", *sql, now, id_text(*id))?;
+                    }
+                    for branch_rule in parse_ids(below)? {
+                        execute_on!(
+                            &mut *tx,
+                            "archive branch rule",
+                            ARCHIVE_BRANCH_RULE,
+                            true,
+                            now,
+                            id_text(branch_rule)
+                        )?;
+                        if !archived.contains(&branch_rule) {
+                            archived.push(branch_rule);
+                        }
+                    }
+                }
+                tx.commit()
+                    .await
+                    .map_err(StoreError::query("commit archive"))?;
+                Ok(archived)
+            }};
+        }
+        match self {
+            Store::Sqlite(pool) => run!(pool),
+            Store::Postgres(pool) => run!(pool),
+        }
     }
 }

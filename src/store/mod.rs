@@ -91,6 +91,7 @@ pub use batch::{
     BatchError, DEFAULT_MAX_BATCH, PendingTransition, Transition, TransitionBatcher,
     TransitionOutcome,
 };
+pub use catalog::CatalogScope;
 pub use error::{Backend, StoreError};
 pub use executions::{ERROR_CAP_BYTES, ExecutionFilter, OUTPUT_CAP_BYTES, WORKER_LOST};
 pub use instances::InstanceRow;
@@ -240,6 +241,7 @@ async fn connect_sqlite(url: &str) -> Result<Store, StoreError> {
         if let Some(dir) = options.get_filename().parent() {
             create_dir(dir)?;
         }
+        private_files(options.get_filename()).map_err(|e| connect_error(sqlx::Error::Io(e)))?;
         options = options
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal);
@@ -252,6 +254,41 @@ async fn connect_sqlite(url: &str) -> Result<Store, StoreError> {
         .await
         .map_err(connect_error)?;
     Ok(Store::Sqlite(pool))
+}
+
+/// The database holds action secrets (headers, bodies, URL credentials),
+/// so its file is created owner-only (0600) before SQLite opens it; SQLite
+/// gives its -wal and -shm files the database file's mode. Files a looser
+/// umask made earlier are tightened, with a WARN.
+fn private_files(database: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(database)
+    {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    for suffix in ["", "-wal", "-shm"] {
+        let mut name = database.as_os_str().to_owned();
+        name.push(suffix);
+        let path = Path::new(&name);
+        let Ok(meta) = std::fs::metadata(path) else {
+            continue;
+        };
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+            tracing::warn!(
+                path = %path.display(),
+                "🔒 SQLite file was readable by others (mode {mode:o}); set to 0600"
+            );
+        }
+    }
+    Ok(())
 }
 
 fn create_dir(dir: &Path) -> Result<(), StoreError> {
@@ -318,6 +355,32 @@ mod tests {
         );
         assert_eq!(redact_password("postgres://u@db/x"), "postgres://u@db/x");
         assert_eq!(redact_password("postgres://db/x"), "postgres://db/x");
+    }
+
+    #[tokio::test]
+    async fn sqlite_files_are_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ruled.db");
+        let store = Store::connect(&format!("sqlite://{}", path.display()))
+            .await
+            .unwrap();
+        store.migrate().await.unwrap();
+        for suffix in ["", "-wal", "-shm"] {
+            let file = dir.path().join(format!("ruled.db{suffix}"));
+            let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600, "{}", file.display());
+        }
+        store.close().await;
+
+        // An existing world-readable file is tightened.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let store = Store::connect(&format!("sqlite://{}", path.display()))
+            .await
+            .unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        store.close().await;
     }
 
     #[test]

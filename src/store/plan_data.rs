@@ -4,38 +4,53 @@ use super::catalog::{
     SELECT_ACTION_TEMPLATES, SELECT_BRANCHES, SELECT_BRAND_RULES, SELECT_BRANDS, SELECT_RULES,
     decode_action_template, decode_branch, decode_brand, decode_brand_rule, decode_rule,
 };
+use super::decode::AnyRow;
 use super::workflows::{
     COUNT_BRANCH_RULES, SELECT_ACTION_DETAILS_CAPPED, SELECT_BRANCH_RULES,
     SELECT_BRANCH_RULES_CHANGED_SINCE, decode_action_detail, decode_branch_rule,
 };
 use super::{Store, StoreError};
-use crate::model::{Millis, PlanData, PlanScope};
+use crate::model::{Millis, PlanData, PlanLoad, PlanScope, RejectReason, RejectedRow};
+use uuid::Uuid;
 
 /// A snapshot that sees one committed state for all seven reads, so a branch
 /// rule is never loaded without the branch it references. READ ONLY lets
 /// PostgreSQL skip predicate locking work and refuses accidental writes.
 const BEGIN_PG_SNAPSHOT: &str = "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY";
 
+/// Runs one statement on an executor and decodes each row with `$decode`,
+/// setting aside the rows that do not decode (see [`sift`]).
+macro_rules! sift_on {
+    ($conn:expr, $op:expr, $decode:expr, $sifted:expr, $sql:expr $(, $arg:expr)* $(,)?) => {
+        match sqlx::query($sql)$(.bind($arg))*.fetch_all($conn).await {
+            Ok(rows) => Ok($sifted.sift(&rows, $decode)),
+            Err(error) => Err(StoreError::Query { op: $op, error }),
+        }
+    };
+}
+
 /// Expands to the seven reads on one connection (`&mut *tx`), so the same
 /// code runs inside either backend's transaction. With `$since` set, only
 /// branch rules changed since then are read, plus the table's row count.
 macro_rules! load_all {
-    ($tx:ident, $cap:expr, $since:expr) => {{
+    ($tx:ident, $cap:expr, $since:expr, $sifted:ident) => {{
         let (branch_rules, scope) = match $since {
             None => (
-                fetch_all_on!(
+                sift_on!(
                     &mut *$tx,
                     "load branch_rules",
                     decode_branch_rule,
+                    $sifted,
                     SELECT_BRANCH_RULES
                 )?,
                 PlanScope::Full,
             ),
             Some(since) => {
-                let rows = fetch_all_on!(
+                let rows = sift_on!(
                     &mut *$tx,
                     "load changed branch_rules",
                     decode_branch_rule,
+                    $sifted,
                     SELECT_BRANCH_RULES_CHANGED_SINCE,
                     since
                 )?;
@@ -55,31 +70,112 @@ macro_rules! load_all {
         };
         PlanData {
             scope,
-            brands: fetch_all_on!(&mut *$tx, "load brands", decode_brand, SELECT_BRANDS)?,
-            branches: fetch_all_on!(&mut *$tx, "load branches", decode_branch, SELECT_BRANCHES)?,
-            rules: fetch_all_on!(&mut *$tx, "load rules", decode_rule, SELECT_RULES)?,
-            brand_rules: fetch_all_on!(
+            brands: sift_on!(
+                &mut *$tx,
+                "load brands",
+                decode_brand,
+                $sifted,
+                SELECT_BRANDS
+            )?,
+            branches: sift_on!(
+                &mut *$tx,
+                "load branches",
+                decode_branch,
+                $sifted,
+                SELECT_BRANCHES
+            )?,
+            rules: sift_on!(&mut *$tx, "load rules", decode_rule, $sifted, SELECT_RULES)?,
+            brand_rules: sift_on!(
                 &mut *$tx,
                 "load brand_rules",
                 decode_brand_rule,
+                $sifted,
                 SELECT_BRAND_RULES
             )?,
-            action_templates: fetch_all_on!(
+            action_templates: sift_on!(
                 &mut *$tx,
                 "load action_templates",
                 decode_action_template,
+                $sifted,
                 SELECT_ACTION_TEMPLATES
             )?,
             branch_rules,
-            action_details: fetch_all_on!(
+            action_details: sift_on!(
                 &mut *$tx,
                 "load action_details",
                 decode_action_detail,
+                $sifted,
                 SELECT_ACTION_DETAILS_CAPPED,
                 $cap
             )?,
         }
     }};
+}
+
+/// The rows a load set aside, and the first decode error as the store
+/// reported it (for the strict [`Store::load_plan_data`]).
+#[derive(Default)]
+struct Sifted {
+    rejected: Vec<RejectedRow>,
+    first_error: Option<StoreError>,
+}
+
+impl Sifted {
+    /// Decodes every row; a row that does not decode is set aside as a
+    /// [`RejectedRow`] instead of failing the read, so one bad row cannot
+    /// keep every other change out of the plan.
+    fn sift<R: AnyRow, T>(
+        &mut self,
+        rows: &[R],
+        decode: impl Fn(&R) -> Result<T, StoreError>,
+    ) -> Vec<T> {
+        let mut decoded = Vec::with_capacity(rows.len());
+        for row in rows {
+            match decode(row) {
+                Ok(value) => decoded.push(value),
+                Err(error) => {
+                    if let Some(rejected) = rejected_row(row, &error) {
+                        self.rejected.push(rejected);
+                    }
+                    self.first_error.get_or_insert(error);
+                }
+            }
+        }
+        decoded
+    }
+}
+
+/// The quarantine record of a row that failed to decode. The reason follows
+/// the column, so a window of `abc` counts as a bad window, not a generic
+/// decode failure.
+fn rejected_row(row: &impl AnyRow, error: &StoreError) -> Option<RejectedRow> {
+    let StoreError::Decode {
+        table,
+        id,
+        column,
+        message,
+    } = error
+    else {
+        return None;
+    };
+    let reason = match *column {
+        "operation_time_from" | "operation_time_to" => RejectReason::Window,
+        "timezone" => RejectReason::Zone,
+        "cron_expression" => RejectReason::Cron,
+        _ => RejectReason::Decode,
+    };
+    let branch_rule_id = (*table == "action_details")
+        .then(|| row.text("branch_rule_id").ok().flatten())
+        .flatten()
+        .and_then(|text| Uuid::parse_str(&text).ok());
+    Some(RejectedRow {
+        table: table.to_string(),
+        id: id.clone(),
+        field: column.to_string(),
+        reason,
+        message: message.clone(),
+        branch_rule_id,
+    })
 }
 
 impl Store {
@@ -88,32 +184,55 @@ impl Store {
     /// the first `action_details_cap` action details ordered by
     /// (branch_rule_id, position), all from one consistent snapshot.
     ///
-    /// A row whose stored value does not fit the model fails the whole load
-    /// with [`StoreError::Decode`] naming table, id and column: a plan built
-    /// around a silently skipped row would run the wrong things.
+    /// Strict: a row whose stored value does not fit the model fails the
+    /// whole load with [`StoreError::Decode`] naming table, id and column.
+    /// The service uses [`Store::load_plan`], which sets such rows aside.
     pub async fn load_plan_data(&self, action_details_cap: usize) -> Result<PlanData, StoreError> {
-        self.load_plan(action_details_cap, None).await
+        let (load, first_error) = self.read_plan(action_details_cap, None).await?;
+        match first_error {
+            Some(error) => Err(error),
+            None => Ok(load.data),
+        }
     }
 
     /// Like [`Store::load_plan_data`], but reads only the branch rules whose
     /// `updated_at` is at or after `since` (a trigger bumps it on every
     /// update), plus the table's row count so deletions are noticed. The
-    /// other tables are small and always read whole.
+    /// other tables are small and always read whole. Strict, like
+    /// [`Store::load_plan_data`].
     pub async fn load_plan_changes(
         &self,
         since: Millis,
         action_details_cap: usize,
     ) -> Result<PlanData, StoreError> {
-        self.load_plan(action_details_cap, Some(since)).await
+        let (load, first_error) = self.read_plan(action_details_cap, Some(since)).await?;
+        match first_error {
+            Some(error) => Err(error),
+            None => Ok(load.data),
+        }
     }
 
-    async fn load_plan(
+    /// The plan tables as the refresher and `ruled plan` read them: every
+    /// table whole, or only the branch rules changed since `since`. A row
+    /// that does not decode is left out and listed in
+    /// [`PlanLoad::rejected`] with its table, id, column and reason; only a
+    /// failed query fails the load.
+    pub async fn load_plan(
         &self,
         action_details_cap: usize,
         since: Option<Millis>,
-    ) -> Result<PlanData, StoreError> {
+    ) -> Result<PlanLoad, StoreError> {
+        Ok(self.read_plan(action_details_cap, since).await?.0)
+    }
+
+    async fn read_plan(
+        &self,
+        action_details_cap: usize,
+        since: Option<Millis>,
+    ) -> Result<(PlanLoad, Option<StoreError>), StoreError> {
         let cap = i64::try_from(action_details_cap).unwrap_or(i64::MAX);
-        match self {
+        let mut sifted = Sifted::default();
+        let data = match self {
             Store::Sqlite(pool) => {
                 // A deferred transaction pins one WAL snapshot at its first
                 // read, which is all the consistency needed here.
@@ -121,23 +240,28 @@ impl Store {
                     .begin()
                     .await
                     .map_err(StoreError::query("begin load_plan_data"))?;
-                let data = load_all!(tx, cap, since);
+                let data = load_all!(tx, cap, since, sifted);
                 tx.commit()
                     .await
                     .map_err(StoreError::query("commit load_plan_data"))?;
-                Ok(data)
+                data
             }
             Store::Postgres(pool) => {
                 let mut tx = pool
                     .begin_with(BEGIN_PG_SNAPSHOT)
                     .await
                     .map_err(StoreError::query("begin load_plan_data"))?;
-                let data = load_all!(tx, cap, since);
+                let data = load_all!(tx, cap, since, sifted);
                 tx.commit()
                     .await
                     .map_err(StoreError::query("commit load_plan_data"))?;
-                Ok(data)
+                data
             }
-        }
+        };
+        let load = PlanLoad {
+            data,
+            rejected: sifted.rejected,
+        };
+        Ok((load, sifted.first_error))
     }
 }

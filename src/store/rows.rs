@@ -43,6 +43,9 @@ pub const BRANDS: TableSpec = TableSpec {
         ("settings", Json),
         ("created_at", Int64),
         ("updated_at", Int64),
+        ("created_by", Text),
+        ("updated_by", Text),
+        ("archived_at", Int64),
     ],
 };
 
@@ -56,6 +59,9 @@ pub const BRANCHES: TableSpec = TableSpec {
         ("is_active", Bool),
         ("created_at", Int64),
         ("updated_at", Int64),
+        ("created_by", Text),
+        ("updated_by", Text),
+        ("archived_at", Int64),
     ],
 };
 
@@ -70,6 +76,9 @@ pub const RULES: TableSpec = TableSpec {
         ("settings", Json),
         ("created_at", Int64),
         ("updated_at", Int64),
+        ("created_by", Text),
+        ("updated_by", Text),
+        ("archived_at", Int64),
     ],
 };
 
@@ -82,6 +91,8 @@ pub const ACTION_TEMPLATES: TableSpec = TableSpec {
         ("config", Json),
         ("created_at", Int64),
         ("updated_at", Int64),
+        ("created_by", Text),
+        ("updated_by", Text),
     ],
 };
 
@@ -106,6 +117,8 @@ pub const BRANCH_RULES: TableSpec = TableSpec {
         ("params", Json),
         ("created_at", Int64),
         ("updated_at", Int64),
+        ("created_by", Text),
+        ("updated_by", Text),
     ],
 };
 
@@ -119,6 +132,8 @@ pub const ACTION_DETAILS: TableSpec = TableSpec {
         ("params", Json),
         ("created_at", Int64),
         ("updated_at", Int64),
+        ("created_by", Text),
+        ("updated_by", Text),
     ],
 };
 
@@ -289,7 +304,8 @@ impl Store {
     }
 
     /// Every row, optionally only those whose `column` equals `value`,
-    /// ordered by (created_at, id).
+    /// ordered by (created_at, id). Without a filter (a listing), archived
+    /// rows are left out: they are kept for their history, not for use.
     pub async fn rows(
         &self,
         spec: &TableSpec,
@@ -301,6 +317,8 @@ impl Store {
             params.push(param(spec, column, value)?);
             // The column name was checked against the spec by `param`.
             sql.push_str(&format!(" WHERE {column} = $1"));
+        } else if spec.kind_of("archived_at").is_some() {
+            sql.push_str(" WHERE archived_at IS NULL");
         }
         sql.push_str(" ORDER BY created_at, id");
         match self {
@@ -401,5 +419,81 @@ pub const BRAND_RULES: TableSpec = TableSpec {
         ("cron_expression", Text),
         ("created_at", Int64),
         ("updated_at", Int64),
+        ("created_by", Text),
+        ("updated_by", Text),
     ],
 };
+
+// ---- keyset pages for the API's listings ------------------------------------
+
+/// The order a listing is paged in. A keyset page costs a walk of its own
+/// rows through an index, however deep the page, where OFFSET would read
+/// and drop every row before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PageOrder {
+    /// By id (the primary key).
+    Id,
+    /// By position, then id: a branch rule's action details, in the order
+    /// they run.
+    PositionThenId,
+}
+
+/// Where a page starts: the key of the last row of the previous one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PageKey {
+    /// Only in [`PageOrder::PositionThenId`].
+    pub position: Option<i32>,
+    pub id: String,
+}
+
+impl Store {
+    /// At most `limit` rows after `after` in `order`, filtered as
+    /// [`Store::rows`] filters (without a filter, archived rows are left
+    /// out).
+    pub async fn rows_page(
+        &self,
+        spec: &TableSpec,
+        filter: Option<(&str, &Value)>,
+        order: PageOrder,
+        after: Option<&PageKey>,
+        limit: i64,
+    ) -> Result<Vec<Map<String, Value>>, StoreError> {
+        let mut clauses = Vec::new();
+        let mut params = Vec::new();
+        if let Some((column, value)) = filter {
+            params.push(param(spec, column, value)?);
+            // The column name was checked against the spec by `param`.
+            clauses.push(format!("{column} = ${}", params.len()));
+        } else if spec.kind_of("archived_at").is_some() {
+            clauses.push("archived_at IS NULL".to_string());
+        }
+        let order_by = match order {
+            PageOrder::Id => "id",
+            PageOrder::PositionThenId => "position, id",
+        };
+        if let Some(key) = after {
+            params.push(Param::Text(Some(key.id.clone())));
+            let id = params.len();
+            match (order, key.position) {
+                (PageOrder::PositionThenId, Some(position)) => {
+                    params.push(Param::Int32(Some(position)));
+                    let p = params.len();
+                    clauses.push(format!(
+                        "(position > ${p} OR (position = ${p} AND id > ${id}))"
+                    ));
+                }
+                _ => clauses.push(format!("id > ${id}")),
+            }
+        }
+        let mut sql = format!("SELECT {} FROM {}", spec.column_list(), spec.table);
+        if !clauses.is_empty() {
+            sql.push_str(&format!(" WHERE {}", clauses.join(" AND ")));
+        }
+        params.push(Param::Int64(Some(limit.max(0))));
+        sql.push_str(&format!(" ORDER BY {order_by} LIMIT ${}", params.len()));
+        match self {
+            Store::Sqlite(pool) => fetch_rows!(pool, "select page", spec, sql, params),
+            Store::Postgres(pool) => fetch_rows!(pool, "select page", spec, sql, params),
+        }
+    }
+}

@@ -1,0 +1,618 @@
+//! Which parts of an action's config are secret, and keeping them out of
+//! everything ruled shows: API answers, logs and stored outputs.
+//!
+//! The schema is the same for every kind, so a custom kind is covered too:
+//!
+//! - every value under `headers`, `env` and `body` (the whole body when it
+//!   is text), at any depth;
+//! - every value under a key that names a credential ([`is_secret_key`]:
+//!   `Authorization`, `X-API-Key`, `pass`, `pwd`, `credentials`,
+//!   `private_key`, `…token…`, `…secret…` and the like);
+//! - every value under a key the config lists in `secret_keys`
+//!   (`{"secret_keys": ["X-Tenant", "order_ref"]}`), matched ignoring case;
+//! - in any text, the password of a URL (`postgres://user:PASS@host`) and
+//!   the values of query parameters that name a credential
+//!   (`?access_token=…`, `?key=…`).
+//!
+//! [`redact_config`] shows a config with those values as [`MASK`];
+//! [`restore_masked`] puts stored values back where a client sent a `***`
+//! back unchanged; [`Secrets`] collects the actual values of a call so that
+//! whatever an action captured (a body that echoes the request, an error
+//! naming the URL) is scrubbed before it is stored or logged.
+
+use std::borrow::Cow;
+
+use serde_json::{Map, Value};
+
+/// What a secret value is shown as.
+pub const MASK: &str = "***";
+
+/// The config key listing extra secret keys.
+pub const SECRET_KEYS_FIELD: &str = "secret_keys";
+
+/// Keys whose every value is secret, whatever they are called inside.
+const SECRET_CONTAINERS: &[&str] = &["headers", "env", "body"];
+
+/// Fragments of a key (lower-case, punctuation removed) that name a
+/// credential.
+const SECRET_FRAGMENTS: &[&str] = &[
+    "password",
+    "passwd",
+    "passphrase",
+    "secret",
+    "token",
+    "authorization",
+    "apikey",
+    "privatekey",
+    "accesskey",
+    "credential",
+    "cookie",
+    "signature",
+    "sessionid",
+];
+
+/// Whole words of a key that name a credential; too short to be safe as
+/// fragments (`pass` is in `compass`).
+const SECRET_WORDS: &[&str] = &["pass", "pwd", "pw", "auth"];
+
+/// Query parameter names that are secret beyond [`is_secret_key`]: API
+/// keys and signatures travel as `?key=` and `?sig=`.
+const SECRET_QUERY_NAMES: &[&str] = &["key", "sig"];
+
+/// Values shorter than this are not scrubbed from captured text: replacing
+/// every `1` or `on` would destroy the output and protect nothing.
+const MIN_SCRUB_LEN: usize = 4;
+
+/// Whether `key` names a credential, ignoring case and punctuation.
+pub fn is_secret_key(key: &str) -> bool {
+    let lower = key.to_ascii_lowercase();
+    let compact: String = lower
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .collect();
+    SECRET_FRAGMENTS.iter().any(|f| compact.contains(f))
+        || lower
+            .split(|c: char| !c.is_ascii_alphanumeric())
+            .any(|word| SECRET_WORDS.contains(&word))
+}
+
+fn is_secret_query_name(name: &str) -> bool {
+    let name = percent_decode(name);
+    is_secret_key(&name) || SECRET_QUERY_NAMES.contains(&name.to_ascii_lowercase().as_str())
+}
+
+/// The config as the API shows it: every secret value (see the module
+/// docs) replaced by [`MASK`], keys and structure kept.
+pub fn redact_config(config: &Value) -> Value {
+    walk(config, &Rules::schema(), false)
+}
+
+/// Like [`redact_config`] without the `headers`/`env`/`body` schema, for
+/// JSON that is not an action config (settings, outputs): credential-named
+/// keys and URL secrets only.
+pub fn redact_named(value: &Value) -> Value {
+    walk(value, &Rules::named(), false)
+}
+
+#[derive(Clone)]
+struct Rules {
+    containers: bool,
+    extra: Vec<String>,
+}
+
+impl Rules {
+    fn schema() -> Rules {
+        Rules {
+            containers: true,
+            extra: Vec::new(),
+        }
+    }
+
+    fn named() -> Rules {
+        Rules {
+            containers: false,
+            extra: Vec::new(),
+        }
+    }
+
+    /// These rules, plus the `secret_keys` an object lists for itself and
+    /// everything under it.
+    fn with_listed(&self, map: &Map<String, Value>) -> Cow<'_, Rules> {
+        match map.get(SECRET_KEYS_FIELD) {
+            Some(Value::Array(keys)) if !keys.is_empty() => {
+                let mut rules = self.clone();
+                rules.extra.extend(
+                    keys.iter()
+                        .filter_map(Value::as_str)
+                        .map(str::to_ascii_lowercase),
+                );
+                Cow::Owned(rules)
+            }
+            _ => Cow::Borrowed(self),
+        }
+    }
+
+    fn masks_all_under(&self, key: &str) -> bool {
+        if key == SECRET_KEYS_FIELD {
+            return false;
+        }
+        (self.containers && SECRET_CONTAINERS.contains(&key))
+            || is_secret_key(key)
+            || self.extra.iter().any(|k| k.eq_ignore_ascii_case(key))
+    }
+}
+
+fn walk(value: &Value, rules: &Rules, masked: bool) -> Value {
+    match value {
+        Value::Object(map) => {
+            let rules = rules.with_listed(map);
+            Value::Object(
+                map.iter()
+                    .map(|(k, v)| {
+                        let under = masked || rules.masks_all_under(k);
+                        (k.clone(), walk(v, &rules, under))
+                    })
+                    .collect(),
+            )
+        }
+        Value::Array(items) => Value::Array(items.iter().map(|v| walk(v, rules, masked)).collect()),
+        Value::Null => Value::Null,
+        _ if masked => Value::String(MASK.into()),
+        Value::String(text) => Value::String(mask_urls(text).into_owned()),
+        other => other.clone(),
+    }
+}
+
+/// One URL found in a text: byte ranges of its password and of the values
+/// of its secret query parameters.
+#[derive(Debug, Default)]
+struct UrlSecrets {
+    user: Option<(usize, usize)>,
+    password: Option<(usize, usize)>,
+    query_values: Vec<(usize, usize)>,
+}
+
+/// Ends a URL inside free text (a log line, JSON, an error message).
+fn ends_url(c: char) -> bool {
+    c.is_whitespace() || matches!(c, '"' | '\'' | '<' | '>' | '`' | '(' | ')' | ',' | '\\')
+}
+
+/// Every `scheme://…` in `text`, with the ranges of its secret parts.
+fn scan_urls(text: &str) -> Vec<UrlSecrets> {
+    let mut found = Vec::new();
+    let mut from = 0;
+    while let Some(at) = text[from..].find("://") {
+        let start = from + at + 3;
+        let end = text[start..]
+            .find(ends_url)
+            .map_or(text.len(), |i| start + i);
+        let url = &text[start..end];
+        let authority_end = url.find(['/', '?', '#']).unwrap_or(url.len());
+        let mut secrets = UrlSecrets::default();
+        if let Some(at_sign) = url[..authority_end].rfind('@') {
+            let userinfo = &url[..at_sign];
+            match userinfo.find(':') {
+                Some(colon) => {
+                    secrets.user = Some((start, start + colon));
+                    if colon + 1 < at_sign {
+                        secrets.password = Some((start + colon + 1, start + at_sign));
+                    }
+                }
+                None => secrets.user = Some((start, start + at_sign)),
+            }
+        }
+        if let Some(q) = url[authority_end..].find('?') {
+            let query_start = authority_end + q + 1;
+            let query_end = url[query_start..]
+                .find('#')
+                .map_or(url.len(), |i| query_start + i);
+            let mut offset = query_start;
+            for pair in url[query_start..query_end].split('&') {
+                if let Some((name, value)) = pair.split_once('=')
+                    && !value.is_empty()
+                    && is_secret_query_name(name)
+                {
+                    let value_start = start + offset + name.len() + 1;
+                    secrets
+                        .query_values
+                        .push((value_start, value_start + value.len()));
+                }
+                offset += pair.len() + 1;
+            }
+        }
+        found.push(secrets);
+        from = end.max(start);
+    }
+    found
+}
+
+/// `text` with URL passwords and secret query values replaced by [`MASK`].
+pub fn mask_urls(text: &str) -> Cow<'_, str> {
+    if !text.contains("://") {
+        return Cow::Borrowed(text);
+    }
+    let mut ranges: Vec<(usize, usize)> = scan_urls(text)
+        .into_iter()
+        .flat_map(|u| u.password.into_iter().chain(u.query_values))
+        .filter(|&(a, b)| &text[a..b] != MASK)
+        .collect();
+    if ranges.is_empty() {
+        return Cow::Borrowed(text);
+    }
+    ranges.sort_unstable();
+    let mut out = String::with_capacity(text.len());
+    let mut last = 0;
+    for (a, b) in ranges {
+        if a < last {
+            continue;
+        }
+        out.push_str(&text[last..a]);
+        out.push_str(MASK);
+        last = b;
+    }
+    out.push_str(&text[last..]);
+    Cow::Owned(out)
+}
+
+/// Puts stored values back into `incoming` wherever the client sent a
+/// [`MASK`] back: a `***` value takes the stored value at the same place,
+/// and a URL whose password or query values are `***` takes the stored URL
+/// if it is otherwise unchanged. Err names the field (below `field`) that
+/// holds a `***` with nothing stored to keep.
+pub fn restore_masked(
+    stored: Option<&Value>,
+    incoming: &mut Value,
+    field: &str,
+) -> Result<(), String> {
+    match incoming {
+        Value::String(text) if text == MASK => match stored {
+            Some(value) if !value.is_null() => {
+                *incoming = value.clone();
+                Ok(())
+            }
+            _ => Err(field.to_string()),
+        },
+        Value::String(text) if text.contains(MASK) && text.contains("://") => {
+            let masked_url = scan_urls(text).iter().any(|u| {
+                u.password
+                    .into_iter()
+                    .chain(u.query_values.iter().copied())
+                    .any(|(a, b)| &text[a..b] == MASK)
+            });
+            if !masked_url {
+                return Ok(());
+            }
+            match stored {
+                Some(Value::String(old)) if mask_urls(old) == text.as_str() => {
+                    *incoming = Value::String(old.clone());
+                    Ok(())
+                }
+                _ => Err(field.to_string()),
+            }
+        }
+        Value::Object(map) => {
+            for (key, value) in map.iter_mut() {
+                let old = stored.and_then(|s| s.get(key));
+                restore_masked(old, value, &format!("{field}.{key}"))?;
+            }
+            Ok(())
+        }
+        Value::Array(items) => {
+            for (i, value) in items.iter_mut().enumerate() {
+                let old = stored.and_then(|s| s.get(i));
+                restore_masked(old, value, &format!("{field}[{i}]"))?;
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The secret values of one action call, in every form they may take in
+/// captured text (as sent, JSON-escaped, percent-decoded, the token after
+/// an auth scheme, HTTP Basic's base64 of `user:password`).
+#[derive(Debug, Clone, Default)]
+pub struct Secrets {
+    /// Longest first, so a value is replaced before any part of it.
+    values: Vec<String>,
+}
+
+impl Secrets {
+    /// The secret values of `config`, located by the same rules as
+    /// [`redact_config`].
+    pub fn of(config: &Value) -> Secrets {
+        let mut raw = Vec::new();
+        collect(config, &redact_config(config), &mut raw);
+        let mut values = Vec::new();
+        for value in raw {
+            let escaped = serde_json::to_string(&value).unwrap_or_default();
+            let escaped = escaped.trim_matches('"').to_string();
+            let decoded = percent_decode(&value);
+            if let Some((scheme, token)) = value.split_once(' ')
+                && !scheme.is_empty()
+                && scheme
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-')
+            {
+                values.push(token.trim().to_string());
+            }
+            values.push(escaped);
+            values.push(decoded.into_owned());
+            values.push(value);
+        }
+        values.retain(|v| v.len() >= MIN_SCRUB_LEN && v != MASK);
+        values.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+        values.dedup();
+        Secrets { values }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+
+    /// `text` with every secret value, and any URL secret, masked.
+    pub fn scrub_text(&self, text: &str) -> String {
+        let mut out = mask_urls(text).into_owned();
+        for value in &self.values {
+            if out.contains(value.as_str()) {
+                out = out.replace(value.as_str(), MASK);
+            }
+        }
+        out
+    }
+
+    /// `value` with [`Secrets::scrub_text`] applied to every string. A key
+    /// is masked only when it is a secret as a whole (a captured header map
+    /// could be keyed by one): masking parts of keys would turn an output's
+    /// `exit_code` into `***_code` for an env value of `exit`.
+    pub fn scrub(&self, value: &Value) -> Value {
+        match value {
+            Value::String(text) => Value::String(self.scrub_text(text)),
+            Value::Array(items) => Value::Array(items.iter().map(|v| self.scrub(v)).collect()),
+            Value::Object(map) => Value::Object(
+                map.iter()
+                    .map(|(k, v)| {
+                        let key = if self.values.iter().any(|secret| secret == k) {
+                            MASK.to_string()
+                        } else {
+                            k.clone()
+                        };
+                        (key, self.scrub(v))
+                    })
+                    .collect(),
+            ),
+            other => other.clone(),
+        }
+    }
+}
+
+/// Pairs the config with its redacted form and collects what was hidden.
+fn collect(original: &Value, shown: &Value, out: &mut Vec<String>) {
+    match (original, shown) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (key, value) in a {
+                if let Some(shown) = b.get(key) {
+                    collect(value, shown, out);
+                }
+            }
+        }
+        (Value::Array(a), Value::Array(b)) => {
+            for (value, shown) in a.iter().zip(b) {
+                collect(value, shown, out);
+            }
+        }
+        (Value::String(text), _) => {
+            if shown.as_str() == Some(MASK) {
+                out.push(text.clone());
+            }
+            for url in scan_urls(text) {
+                for (a, b) in url.password.into_iter().chain(url.query_values) {
+                    out.push(text[a..b].to_string());
+                }
+                if let (Some((ua, ub)), Some((pa, pb))) = (url.user, url.password) {
+                    let pair = format!(
+                        "{}:{}",
+                        percent_decode(&text[ua..ub]),
+                        percent_decode(&text[pa..pb])
+                    );
+                    out.push(base64(pair.as_bytes()));
+                }
+            }
+        }
+        (Value::Number(n), _) if shown.as_str() == Some(MASK) => out.push(n.to_string()),
+        (Value::Bool(b), _) if shown.as_str() == Some(MASK) => out.push(b.to_string()),
+        _ => {}
+    }
+}
+
+fn percent_decode(text: &str) -> Cow<'_, str> {
+    if !text.contains('%') {
+        return Cow::Borrowed(text);
+    }
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2]))
+        {
+            out.push((h * 16 + l) as u8);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    Cow::Owned(String::from_utf8_lossy(&out).into_owned())
+}
+
+/// Standard base64 with padding, as HTTP Basic uses it.
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |acc, (i, &b)| acc | (u32::from(b) << (16 - 8 * i)));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn credential_names_are_recognised() {
+        for key in [
+            "Authorization",
+            "X-API-Key",
+            "Api-Key",
+            "apiKey",
+            "pass",
+            "pwd",
+            "credentials",
+            "private_key",
+            "access_token",
+            "DB_PASSWORD",
+            "client_secret",
+            "Cookie",
+            "x-auth",
+        ] {
+            assert!(is_secret_key(key), "{key}");
+        }
+        for key in [
+            "url", "method", "compass", "Accept", "author", "ms", "keyboard",
+        ] {
+            assert!(!is_secret_key(key), "{key}");
+        }
+    }
+
+    #[test]
+    fn the_schema_hides_headers_body_env_and_url_secrets() {
+        let config = json!({
+            "method": "POST",
+            "url": "https://user:pw-1@host/x?access_token=abc123&page=2",
+            "headers": {"Accept": "text/plain", "X-API-Key": "k-123"},
+            "body": {"pass": "p-1", "nested": {"n": 5}, "list": ["a"]},
+            "env": {"HOME": "/root"},
+            "timeout_ms": 1000,
+            "dsn": "postgres://app:PGPASS@db:5432/x",
+            "tenant": "t-1",
+            "secret_keys": ["Tenant"],
+        });
+        let shown = redact_config(&config);
+        assert_eq!(shown["method"], "POST");
+        assert_eq!(
+            shown["url"],
+            "https://user:***@host/x?access_token=***&page=2"
+        );
+        assert_eq!(shown["headers"], json!({"Accept": MASK, "X-API-Key": MASK}));
+        assert_eq!(
+            shown["body"],
+            json!({"pass": MASK, "nested": {"n": MASK}, "list": [MASK]})
+        );
+        assert_eq!(shown["env"]["HOME"], MASK);
+        assert_eq!(shown["timeout_ms"], 1000);
+        assert_eq!(shown["dsn"], "postgres://app:***@db:5432/x");
+        assert_eq!(shown["tenant"], MASK);
+        assert_eq!(shown["secret_keys"], json!(["Tenant"]));
+        assert_eq!(redact_config(&json!({"body": "text"}))["body"], MASK);
+        // Outside an action config only names and URLs count.
+        let named = redact_named(&json!({"headers": {"content-type": "x"}, "token": "t"}));
+        assert_eq!(
+            named,
+            json!({"headers": {"content-type": "x"}, "token": MASK})
+        );
+    }
+
+    #[test]
+    fn urls_in_free_text_are_masked() {
+        assert_eq!(
+            mask_urls("error sending request for url (http://u:p%40ss@h:1/x?key=abc#f): boom"),
+            "error sending request for url (http://u:***@h:1/x?key=***#f): boom"
+        );
+        assert_eq!(
+            mask_urls("see https://example.com/a?b=c"),
+            "see https://example.com/a?b=c"
+        );
+        assert_eq!(mask_urls("no url"), "no url");
+        assert_eq!(
+            mask_urls("a postgres://x:1@h/d and redis://:pw@r/0"),
+            "a postgres://x:***@h/d and redis://:***@r/0"
+        );
+    }
+
+    #[test]
+    fn masks_sent_back_keep_the_stored_values() {
+        let stored = json!({
+            "url": "https://user:pw@host/x?access_token=abc",
+            "headers": {"Authorization": "Bearer t0k3n", "Accept": "x"},
+            "body": "raw",
+        });
+        let mut incoming = redact_config(&stored);
+        incoming["headers"]["Accept"] = json!("y");
+        restore_masked(Some(&stored), &mut incoming, "config").unwrap();
+        assert_eq!(incoming["url"], stored["url"]);
+        assert_eq!(incoming["headers"]["Authorization"], "Bearer t0k3n");
+        assert_eq!(incoming["headers"]["Accept"], "y");
+        assert_eq!(incoming["body"], "raw");
+
+        let mut unknown = json!({"headers": {"X-New": MASK}});
+        assert_eq!(
+            restore_masked(Some(&stored), &mut unknown, "config").unwrap_err(),
+            "config.headers.X-New"
+        );
+        let mut moved = json!({"url": "https://user:***@other/x"});
+        assert_eq!(
+            restore_masked(Some(&stored), &mut moved, "config").unwrap_err(),
+            "config.url"
+        );
+    }
+
+    #[test]
+    fn captured_text_loses_every_form_of_a_secret() {
+        let config = json!({
+            "url": "http://user:pw-s3cret@127.0.0.1:1/x?access_token=tok-abc",
+            "headers": {"Authorization": "Bearer hdr-s3cret"},
+            "body": {"private_key": "line1\nline2"},
+        });
+        let secrets = Secrets::of(&config);
+        let echo = format!(
+            "GET /x?access_token=tok-abc\r\nauthorization: Basic {}\r\nx: hdr-s3cret\r\n\r\n{}",
+            base64(b"user:pw-s3cret"),
+            serde_json::to_string(&json!({"private_key": "line1\nline2"})).unwrap()
+        );
+        let scrubbed = secrets.scrub_text(&echo);
+        for secret in [
+            "tok-abc",
+            "hdr-s3cret",
+            "line1",
+            "pw-s3cret",
+            &base64(b"user:pw-s3cret"),
+        ] {
+            assert!(!scrubbed.contains(secret), "{secret} in {scrubbed}");
+        }
+        let value = secrets.scrub(&json!({"body": echo}));
+        assert!(!value.to_string().contains("hdr-s3cret"));
+    }
+
+    #[test]
+    fn base64_matches_the_standard() {
+        assert_eq!(base64(b"user:pw"), "dXNlcjpwdw==");
+        assert_eq!(base64(b"ab"), "YWI=");
+        assert_eq!(base64(b"abc"), "YWJj");
+        assert_eq!(base64(b""), "");
+    }
+}

@@ -1,0 +1,737 @@
+//! Input validation of the catalog (times, windows, zones, positions,
+//! action kinds and durations), keyset paging of every catalog listing,
+//! and the SSRF guard on a job that really runs: all over real loopback
+//! HTTP, on SQLite and PostgreSQL where the database plays a part.
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use common::api::{Api, Reply};
+use common::service::{RunningService, start_service_with};
+use common::{TestDb, eventually};
+use reqwest::StatusCode;
+use ruled::config::Config;
+use serde_json::{Value, json};
+
+const TOKEN: &str = "inputs-token";
+const DEADLINE: Duration = Duration::from_secs(30);
+
+fn fast(config: Config) -> Config {
+    Config {
+        master_grace_period: Duration::ZERO,
+        worker_cooldown: Duration::ZERO,
+        worker_stagger: Duration::ZERO,
+        api_token: Some(TOKEN.into()),
+        ..config
+    }
+}
+
+async fn start(db: &TestDb, adjust: impl FnOnce(Config) -> Config) -> (RunningService, Api) {
+    let running = start_service_with(&db.url, |c| adjust(fast(c))).await;
+    let api = Api::new(&running.service);
+    (running, api)
+}
+
+fn id(reply: &Reply) -> String {
+    assert!(reply.status.is_success(), "{} {}", reply.status, reply.text);
+    reply.json["id"].as_str().unwrap().to_string()
+}
+
+/// A 400 whose message names `field`.
+#[track_caller]
+fn assert_400(reply: &Reply, field: &str) {
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text);
+    assert!(
+        reply.error_message().contains(field),
+        "the message should name {field}: {}",
+        reply.text
+    );
+}
+
+/// One valid brand → branch → rule → noop template.
+struct Fixture {
+    branch: String,
+    rule: String,
+    template: String,
+}
+
+async fn fixture(api: &Api) -> Fixture {
+    let brand = id(&api.post("/api/v1/brands", &json!({ "name": "b" })).await);
+    let branch = id(&api
+        .post(
+            "/api/v1/branches",
+            &json!({ "brand_id": brand, "name": "x", "timezone": "Asia/Riyadh" }),
+        )
+        .await);
+    let rule = id(&api
+        .post(
+            "/api/v1/rules",
+            &json!({ "name": "r", "cron_expression": "0 3 * * *" }),
+        )
+        .await);
+    let template = id(&api
+        .post(
+            "/api/v1/action-templates",
+            &json!({ "name": "t", "kind": "noop" }),
+        )
+        .await);
+    Fixture {
+        branch,
+        rule,
+        template,
+    }
+}
+
+/// A branch rule of the fixture, with `extra` fields.
+async fn branch_rule(api: &Api, f: &Fixture, extra: Value) -> String {
+    let mut body = json!({ "branch_id": f.branch, "rule_id": f.rule });
+    for (key, value) in extra.as_object().unwrap() {
+        body[key] = value.clone();
+    }
+    id(&api.post("/api/v1/branch-rules", &body).await)
+}
+
+/// Every catalog row, through the listings: what a refused request must
+/// leave as it was.
+async fn everything(api: &Api) -> Vec<Value> {
+    let mut all = Vec::new();
+    for path in [
+        "brands",
+        "branches",
+        "rules",
+        "action-templates",
+        "branch-rules",
+    ] {
+        let reply = api.get(&format!("/api/v1/{path}?limit=1000")).await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+        all.push(reply.json);
+    }
+    all
+}
+
+// ---- times -----------------------------------------------------------------
+
+both_backends!(
+    next_run_time_is_bounded_to_1970_through_9999,
+    tokio::test(flavor = "multi_thread", worker_threads = 2),
+    |db: TestDb| async move {
+        let (running, api) = start(&db, |c| c).await;
+        let f = fixture(&api).await;
+        let existing = branch_rule(&api, &f, json!({})).await;
+        let before = everything(&api).await;
+        for bad in [
+            "0000-01-01T00:00:00Z",
+            "0001-06-01T12:00:00+03:00",
+            "1969-12-31T23:59:59.999Z",
+            // 9999-12-31 23:59:59 at -01:00 is already year 10000 in UTC.
+            "9999-12-31T23:59:59-01:00",
+        ] {
+            let body = json!({ "branch_id": f.branch, "rule_id": f.rule, "next_run_time": bad });
+            assert_400(
+                &api.post("/api/v1/branch-rules", &body).await,
+                "next_run_time",
+            );
+            let path = format!("/api/v1/branch-rules/{existing}");
+            let update = json!({ "next_run_time": bad });
+            assert_400(&api.put(&path, &update).await, "next_run_time");
+        }
+        assert_eq!(
+            everything(&api).await,
+            before,
+            "a refused request saved something"
+        );
+
+        for good in ["1970-01-01T00:00:00Z", "9999-12-31T23:59:59.999Z"] {
+            let created = branch_rule(&api, &f, json!({ "next_run_time": good })).await;
+            let got = api.get(&format!("/api/v1/branch-rules/{created}")).await;
+            let shown = got.json["next_run_time"].as_str().unwrap();
+            let shown = chrono::DateTime::parse_from_rfc3339(shown).unwrap();
+            let sent = chrono::DateTime::parse_from_rfc3339(good).unwrap();
+            assert_eq!(shown, sent);
+        }
+        running.service.shutdown("test").await.unwrap();
+    }
+);
+
+// ---- windows ---------------------------------------------------------------
+
+both_backends!(
+    a_window_needs_both_bounds,
+    tokio::test(flavor = "multi_thread", worker_threads = 2),
+    |db: TestDb| async move {
+        let (running, api) = start(&db, |c| c).await;
+        let f = fixture(&api).await;
+        let windowless = branch_rule(&api, &f, json!({})).await;
+        let windowed = branch_rule(
+            &api,
+            &f,
+            json!({ "operation_time_from": "22:00", "operation_time_to": "06:00" }),
+        )
+        .await;
+        let before = everything(&api).await;
+
+        let only_from =
+            json!({ "branch_id": f.branch, "rule_id": f.rule, "operation_time_from": "09:00" });
+        assert_400(
+            &api.post("/api/v1/branch-rules", &only_from).await,
+            "operation_time_to",
+        );
+        let only_to =
+            json!({ "branch_id": f.branch, "rule_id": f.rule, "operation_time_to": "17:00" });
+        assert_400(
+            &api.post("/api/v1/branch-rules", &only_to).await,
+            "operation_time_from",
+        );
+        // An update completes the window with what is stored, so half a
+        // window on a rule without one is refused...
+        let path = format!("/api/v1/branch-rules/{windowless}");
+        let reply = api
+            .put(&path, &json!({ "operation_time_from": "09:00" }))
+            .await;
+        assert_400(&reply, "operation_time_to");
+        assert_eq!(
+            everything(&api).await,
+            before,
+            "a refused request saved something"
+        );
+
+        // ...while moving one end of an existing window is fine.
+        let path = format!("/api/v1/branch-rules/{windowed}");
+        let moved = api
+            .put(&path, &json!({ "operation_time_to": "05:30" }))
+            .await;
+        assert_eq!(moved.status, StatusCode::OK, "{}", moved.text);
+        assert_eq!(moved.json["operation_time_from"], "22:00");
+        assert_eq!(moved.json["operation_time_to"], "05:30");
+        running.service.shutdown("test").await.unwrap();
+    }
+);
+
+both_backends!(
+    window_bounds_are_two_digit_hh_mm,
+    tokio::test(flavor = "multi_thread", worker_threads = 2),
+    |db: TestDb| async move {
+        let (running, api) = start(&db, |c| c).await;
+        let f = fixture(&api).await;
+        let windowed = branch_rule(
+            &api,
+            &f,
+            json!({ "operation_time_from": "09:00", "operation_time_to": "17:00" }),
+        )
+        .await;
+        let before = everything(&api).await;
+        for bad in [
+            "+9:00",
+            "09:+5",
+            "-1:00",
+            " 9:00",
+            "9:00",
+            "09:00 ",
+            "24:00",
+            "٠٩:٠٠",
+        ] {
+            let body = json!({
+                "branch_id": f.branch, "rule_id": f.rule,
+                "operation_time_from": bad, "operation_time_to": "17:00",
+            });
+            assert_400(
+                &api.post("/api/v1/branch-rules", &body).await,
+                "operation_time_from",
+            );
+            let path = format!("/api/v1/branch-rules/{windowed}");
+            let reply = api.put(&path, &json!({ "operation_time_to": bad })).await;
+            assert_400(&reply, "operation_time_to");
+        }
+        assert_eq!(
+            everything(&api).await,
+            before,
+            "a refused request saved something"
+        );
+        running.service.shutdown("test").await.unwrap();
+    }
+);
+
+// ---- zones -----------------------------------------------------------------
+
+both_backends!(
+    zones_with_white_space_around_them_are_refused,
+    tokio::test(flavor = "multi_thread", worker_threads = 2),
+    |db: TestDb| async move {
+        let (running, api) = start(&db, |c| c).await;
+        let brand = id(&api.post("/api/v1/brands", &json!({ "name": "b" })).await);
+        let branch = id(&api
+            .post(
+                "/api/v1/branches",
+                &json!({ "brand_id": brand, "name": "x", "timezone": "Asia/Riyadh" }),
+            )
+            .await);
+        let before = everything(&api).await;
+        for bad in [" Asia/Riyadh", "Asia/Riyadh ", "\tAsia/Riyadh\n"] {
+            let body = json!({ "brand_id": brand, "name": "y", "timezone": bad });
+            let reply = api.post("/api/v1/branches", &body).await;
+            assert_400(&reply, "timezone");
+            assert!(
+                reply.error_message().contains("\"Asia/Riyadh\""),
+                "{}",
+                reply.text
+            );
+            let path = format!("/api/v1/branches/{branch}");
+            assert_400(
+                &api.put(&path, &json!({ "timezone": bad })).await,
+                "timezone",
+            );
+        }
+        assert_eq!(
+            everything(&api).await,
+            before,
+            "a refused request saved something"
+        );
+        let changed = api
+            .put(
+                &format!("/api/v1/branches/{branch}"),
+                &json!({ "timezone": "America/New_York" }),
+            )
+            .await;
+        assert_eq!(changed.status, StatusCode::OK, "{}", changed.text);
+        assert_eq!(changed.json["timezone"], "America/New_York");
+        running.service.shutdown("test").await.unwrap();
+    }
+);
+
+// ---- action details --------------------------------------------------------
+
+both_backends!(
+    action_positions_are_not_negative_and_unique,
+    tokio::test(flavor = "multi_thread", worker_threads = 2),
+    |db: TestDb| async move {
+        let (running, api) = start(&db, |c| c).await;
+        let f = fixture(&api).await;
+        let t = &f.template;
+        let before = everything(&api).await;
+        let create = |details: Value| json!({ "branch_id": f.branch, "rule_id": f.rule, "action_details": details });
+        let reply = api
+            .post(
+                "/api/v1/branch-rules",
+                &create(json!([{ "action_template_id": t, "position": -1 }])),
+            )
+            .await;
+        assert_400(&reply, "action_details[0].position");
+        let reply = api
+            .post(
+                "/api/v1/branch-rules",
+                &create(json!([
+                    { "action_template_id": t, "position": 3 },
+                    { "action_template_id": t, "position": 3 },
+                ])),
+            )
+            .await;
+        assert_400(&reply, "action_details[1].position");
+        // A detail without a position takes its index: [1, (1)] collide.
+        let reply = api
+            .post(
+                "/api/v1/branch-rules",
+                &create(json!([
+                    { "action_template_id": t, "position": 1 },
+                    { "action_template_id": t },
+                ])),
+            )
+            .await;
+        assert_400(&reply, "action_details[1].position");
+        assert_eq!(
+            everything(&api).await,
+            before,
+            "a refused request saved something"
+        );
+
+        let rule = id(&api
+            .post(
+                "/api/v1/branch-rules",
+                &create(json!([
+                    { "action_template_id": t, "position": 0 },
+                    { "action_template_id": t, "position": 5 },
+                ])),
+            )
+            .await);
+        let details = format!("/api/v1/branch-rules/{rule}/action-details");
+        let listed = api.get(&details).await.json;
+        let first = listed[0]["id"].as_str().unwrap().to_string();
+        assert_400(
+            &api.post(
+                &details,
+                &json!({ "action_template_id": t, "position": -2 }),
+            )
+            .await,
+            "position",
+        );
+        assert_400(
+            &api.post(&details, &json!({ "action_template_id": t, "position": 5 }))
+                .await,
+            "position",
+        );
+        let path = format!("{details}/{first}");
+        assert_400(&api.put(&path, &json!({ "position": 5 })).await, "position");
+        assert_400(
+            &api.put(&path, &json!({ "position": -7 })).await,
+            "position",
+        );
+        assert_eq!(
+            api.get(&details).await.json,
+            listed,
+            "a refused request saved something"
+        );
+
+        // Its own position, or a free one, is fine.
+        let same = api.put(&path, &json!({ "position": 0 })).await;
+        assert_eq!(same.status, StatusCode::OK, "{}", same.text);
+        let moved = api.put(&path, &json!({ "position": 9 })).await;
+        assert_eq!(moved.status, StatusCode::OK, "{}", moved.text);
+        let added = api
+            .post(&details, &json!({ "action_template_id": t }))
+            .await;
+        assert_eq!(added.status, StatusCode::CREATED, "{}", added.text);
+        assert_eq!(added.json["position"], 10);
+        running.service.shutdown("test").await.unwrap();
+    }
+);
+
+both_backends!(
+    command_templates_need_command_actions_enabled,
+    tokio::test(flavor = "multi_thread", worker_threads = 2),
+    |db: TestDb| async move {
+        let (running, api) = start(&db, |c| c).await;
+        let before = everything(&api).await;
+        let command = json!({ "name": "c", "kind": "command", "config": { "program": "true" } });
+        let reply = api.post("/api/v1/action-templates", &command).await;
+        assert_400(&reply, "kind");
+        assert!(
+            reply
+                .error_message()
+                .contains("COMMAND_ACTIONS_ENABLED=true"),
+            "{}",
+            reply.text
+        );
+        let noop = id(&api
+            .post(
+                "/api/v1/action-templates",
+                &json!({ "name": "n", "kind": "noop" }),
+            )
+            .await);
+        let path = format!("/api/v1/action-templates/{noop}");
+        assert_400(&api.put(&path, &json!({ "kind": "command" })).await, "kind");
+        let after: Vec<Value> = everything(&api).await;
+        assert_eq!(
+            after[3].as_array().unwrap().len(),
+            1,
+            "only the noop template"
+        );
+        assert_eq!(after[..3], before[..3]);
+        running.service.shutdown("test").await.unwrap();
+
+        let (running, api) = start(&db, |c| Config {
+            command_actions_enabled: true,
+            ..c
+        })
+        .await;
+        let created = api.post("/api/v1/action-templates", &command).await;
+        assert_eq!(created.status, StatusCode::CREATED, "{}", created.text);
+        running.service.shutdown("test").await.unwrap();
+    }
+);
+
+both_backends!(
+    action_durations_are_bounded_by_the_job_timeout,
+    tokio::test(flavor = "multi_thread", worker_threads = 2),
+    |db: TestDb| async move {
+        let (running, api) = start(&db, |c| Config {
+            schedule_execution_timeout: Duration::from_secs(5),
+            ..c
+        })
+        .await;
+        let f = fixture(&api).await;
+        let before = everything(&api).await;
+        // u64::MAX itself is refused before this check, as an integer beyond
+        // i64; the largest integer that gets this far must be refused too.
+        let huge = i64::MAX;
+        for (kind, config, field) in [
+            (
+                "http",
+                json!({ "url": "https://example.com", "timeout_ms": huge }),
+                "timeout_ms",
+            ),
+            (
+                "http",
+                json!({ "url": "https://example.com", "timeout_ms": 5001 }),
+                "timeout_ms",
+            ),
+            (
+                "http",
+                json!({ "url": "https://example.com", "timeout_ms": 0 }),
+                "timeout_ms",
+            ),
+            ("sleep", json!({ "ms": huge }), "ms"),
+            ("sleep", json!({ "ms": 5001 }), "ms"),
+            ("sleep", json!({ "ms": -1 }), "ms"),
+            ("sleep", json!({ "ms": "100" }), "ms"),
+        ] {
+            let body = json!({ "name": "t", "kind": kind, "config": config });
+            let reply = api.post("/api/v1/action-templates", &body).await;
+            assert_400(&reply, &format!("config.{field}"));
+            assert!(reply.error_message().contains("5000"), "{}", reply.text);
+            let beyond = json!({ "name": "t", "kind": kind, "config": { field: u64::MAX } });
+            let reply = api.post("/api/v1/action-templates", &beyond).await;
+            assert_400(&reply, &format!("config.{field}"));
+            let path = format!("/api/v1/action-templates/{}", f.template);
+            assert_400(&api.put(&path, &json!({ "config": config })).await, field);
+        }
+        // A detail's params are merged over the template's config: the same
+        // bound holds there.
+        let body = json!({
+            "branch_id": f.branch, "rule_id": f.rule,
+            "action_details": [{ "action_template_id": f.template, "params": { "ms": huge } }],
+        });
+        let reply = api.post("/api/v1/branch-rules", &body).await;
+        assert_400(&reply, "action_details[0].params.ms");
+        assert_eq!(
+            everything(&api).await,
+            before,
+            "a refused request saved something"
+        );
+
+        let rule = branch_rule(&api, &f, json!({})).await;
+        let details = format!("/api/v1/branch-rules/{rule}/action-details");
+        let body = json!({ "action_template_id": f.template, "params": { "timeout_ms": huge } });
+        assert_400(&api.post(&details, &body).await, "params.timeout_ms");
+
+        // Up to the job's own timeout is fine.
+        let sleep = json!({ "name": "s", "kind": "sleep", "config": { "ms": 5000 } });
+        let created = api.post("/api/v1/action-templates", &sleep).await;
+        assert_eq!(created.status, StatusCode::CREATED, "{}", created.text);
+        let body = json!({ "action_template_id": f.template, "params": { "timeout_ms": 5000 } });
+        let created = api.post(&details, &body).await;
+        assert_eq!(created.status, StatusCode::CREATED, "{}", created.text);
+        running.service.shutdown("test").await.unwrap();
+    }
+);
+
+// ---- SSRF ------------------------------------------------------------------
+
+/// The guard works on the address a job connects to, whatever the
+/// database; SQLite is enough to run the jobs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn special_purpose_targets_are_refused_when_a_job_runs() {
+    let db = common::sqlite_db().await;
+    let (running, api) = start(&db, |c| c).await;
+    let f = fixture(&api).await;
+    let targets = [
+        ("[::127.0.0.1]", "reserved"),
+        ("[::ffff:127.0.0.1]", "loopback"),
+        ("[64:ff9b::7f00:1]", "loopback"),
+        ("[64:ff9b::a9fe:a9fe]", "link-local"),
+        ("[2002:a00:1::1]", "private"),
+        ("[2001:db8::1]", "documentation"),
+        ("[fd00::1]", "unique local"),
+        ("198.18.0.1", "benchmarking"),
+        ("100.64.0.1", "shared address space"),
+        ("192.0.0.1", "reserved"),
+        ("192.0.2.1", "documentation"),
+        ("240.0.0.1", "reserved"),
+        ("0.0.0.0", "unspecified"),
+    ];
+    let mut rules = Vec::new();
+    for (host, class) in targets {
+        let template = id(&api
+            .post(
+                "/api/v1/action-templates",
+                &json!({ "name": host, "kind": "http", "config": { "url": format!("http://{host}:9/") } }),
+            )
+            .await);
+        let rule = branch_rule(
+            &api,
+            &f,
+            json!({ "action_details": [{ "action_template_id": template }] }),
+        )
+        .await;
+        let run = api
+            .post_empty(&format!("/api/v1/branch-rules/{rule}/run"))
+            .await;
+        assert_eq!(run.status, StatusCode::ACCEPTED, "{}", run.text);
+        rules.push((rule, host, class));
+    }
+    for (rule, host, class) in &rules {
+        let path = format!("/api/v1/executions?branch_rule_id={rule}");
+        eventually(DEADLINE, &format!("the job for {host} ends"), || async {
+            let items = api.get(&path).await.json["items"].clone();
+            items[0]["finished_at"].is_string()
+        })
+        .await;
+        let execution = api.get(&path).await.json["items"][0].clone();
+        assert_eq!(execution["status"], "failed", "{host}: {execution}");
+        let error = execution["error"].as_str().unwrap_or_default();
+        assert!(
+            error.contains(class) && error.contains("HTTP_ACTION_ALLOW_PRIVATE"),
+            "{host} should be refused as {class}: {error}"
+        );
+    }
+    running.service.shutdown("test").await.unwrap();
+}
+
+// ---- paging ----------------------------------------------------------------
+
+/// A listing page: its items, `X-Next-Cursor` and `Link`.
+struct Page {
+    items: Vec<Value>,
+    cursor: Option<String>,
+    link: Option<String>,
+}
+
+async fn page(api: &Api, path: &str) -> Page {
+    let response = api
+        .client
+        .get(format!("{}{path}", api.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK, "{path}");
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_string())
+    };
+    let cursor = header("x-next-cursor");
+    let link = header("link");
+    let items = serde_json::from_str::<Value>(&response.text().await.unwrap()).unwrap();
+    Page {
+        items: items.as_array().expect("a listing is a JSON array").clone(),
+        cursor,
+        link,
+    }
+}
+
+/// Walks a listing `limit` at a time; returns the ids in order and the
+/// number of pages.
+async fn walk(api: &Api, path: &str, limit: usize) -> (Vec<String>, usize) {
+    let mut ids = Vec::new();
+    let mut pages = 0;
+    let mut next = format!("{path}?limit={limit}");
+    loop {
+        let got = page(api, &next).await;
+        pages += 1;
+        assert!(
+            got.items.len() <= limit,
+            "{next}: {} items",
+            got.items.len()
+        );
+        ids.extend(
+            got.items
+                .iter()
+                .map(|i| i["id"].as_str().unwrap().to_string()),
+        );
+        let Some(cursor) = got.cursor else {
+            assert!(got.link.is_none(), "a Link without a cursor on {next}");
+            return (ids, pages);
+        };
+        assert_eq!(got.items.len(), limit, "only a full page has a next one");
+        let link = got.link.expect("a Link next to the cursor");
+        assert_eq!(
+            link,
+            format!("<{path}?limit={limit}&cursor={cursor}>; rel=\"next\"")
+        );
+        next = format!("{path}?limit={limit}&cursor={cursor}");
+        assert!(pages < 1000, "the walk does not end");
+    }
+}
+
+both_backends!(
+    every_catalog_listing_is_paged_with_a_cursor,
+    tokio::test(flavor = "multi_thread", worker_threads = 2),
+    |db: TestDb| async move {
+        let (running, api) = start(&db, |c| c).await;
+        let f = fixture(&api).await;
+        for n in 0..104 {
+            id(&api
+                .post("/api/v1/brands", &json!({ "name": format!("brand {n}") }))
+                .await);
+        }
+        for n in 0..6 {
+            branch_rule(&api, &f, json!({ "params": { "n": n } })).await;
+        }
+
+        // No limit: 100 and a cursor; the rest (105 brands) after it.
+        let first = page(&api, "/api/v1/brands").await;
+        assert_eq!(first.items.len(), 100);
+        let cursor = first.cursor.expect("a next page");
+        assert_eq!(
+            first.link.unwrap(),
+            format!("</api/v1/brands?cursor={cursor}>; rel=\"next\"")
+        );
+        let second = page(&api, &format!("/api/v1/brands?cursor={cursor}")).await;
+        assert_eq!(second.items.len(), 5);
+        assert!(second.cursor.is_none() && second.link.is_none());
+
+        // Walking a page at a time sees every row once, in id order.
+        for (path, count) in [
+            ("/api/v1/brands", 105),
+            ("/api/v1/branches", 1),
+            ("/api/v1/rules", 1),
+            ("/api/v1/action-templates", 1),
+            ("/api/v1/branch-rules", 6),
+        ] {
+            let everything = page(&api, &format!("{path}?limit=1000")).await;
+            assert_eq!(everything.items.len(), count, "{path}");
+            assert!(everything.cursor.is_none());
+            for limit in [1, 2, 5] {
+                let (ids, pages) = walk(&api, path, limit).await;
+                assert_eq!(ids.len(), count, "{path} by {limit}");
+                assert_eq!(ids.iter().collect::<HashSet<_>>().len(), count);
+                let mut sorted = ids.clone();
+                sorted.sort();
+                assert_eq!(ids, sorted, "{path} is in id order");
+                // A count that fills its last page exactly ends with an
+                // empty one.
+                assert_eq!(pages, count / limit + 1, "{path} by {limit}");
+            }
+        }
+
+        // Action details page in the order they run.
+        let details: Vec<Value> = [40, 10, 30, 0, 20]
+            .iter()
+            .map(|p| json!({ "action_template_id": f.template, "position": p }))
+            .collect();
+        let rule = branch_rule(&api, &f, json!({ "action_details": details })).await;
+        let path = format!("/api/v1/branch-rules/{rule}/action-details");
+        let (ids, pages) = walk(&api, &path, 2).await;
+        assert_eq!(pages, 3);
+        let all = page(&api, &path).await.items;
+        let positions: Vec<i64> = all
+            .iter()
+            .map(|d| d["position"].as_i64().unwrap())
+            .collect();
+        assert_eq!(positions, [0, 10, 20, 30, 40]);
+        let in_order: Vec<String> = all
+            .iter()
+            .map(|d| d["id"].as_str().unwrap().into())
+            .collect();
+        assert_eq!(ids, in_order);
+
+        // Bad limits and cursors name the parameter.
+        for bad in ["limit=0", "limit=1001", "limit=-5"] {
+            assert_400(
+                &api.get(&format!("/api/v1/branch-rules?{bad}")).await,
+                "limit",
+            );
+        }
+        for bad in ["zz", "abc", "00", "not-a-cursor"] {
+            assert_400(
+                &api.get(&format!("/api/v1/rules?cursor={bad}")).await,
+                "cursor",
+            );
+        }
+        assert_400(&api.get(&format!("{path}?limit=0")).await, "limit");
+        // /executions takes the same limits.
+        assert_400(&api.get("/api/v1/executions?limit=1001").await, "limit");
+        running.service.shutdown("test").await.unwrap();
+    }
+);

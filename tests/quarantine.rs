@@ -1,0 +1,393 @@
+//! Bad rows never do harm (issue 12): rows an operator broke with SQL are
+//! quarantined — kept out of the plan, named once in the log, counted,
+//! listed by `ruled plan`, `/api/v1/plan` and `/readyz` — while every good
+//! rule runs on time; a rule whose schedule cannot be computed is held, and
+//! no occurrence runs twice. Through the real binary on both backends.
+
+mod common;
+
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+use common::process::{Install, signal, stdout, wait_exit};
+use common::rules::{YEARLY, insert_rule, step};
+use common::{TestDb, eventually};
+use ruled::model::{Execution, ExecutionStatus};
+use ruled::store::Store;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+/// The issue asks for 1,000; this many keeps the test quick on two cores
+/// while still being far more good rows than bad ones. Raise it at will.
+const GOOD_RULES: usize = 200;
+/// From the service's start to a good rule's start: grace, lease, claim.
+const ON_TIME: Duration = Duration::from_secs(30);
+const DEADLINE: Duration = Duration::from_secs(60);
+
+fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+/// The branch and rule of a branch rule, read back from the database.
+async fn parents(store: &Store, branch_rule: Uuid) -> (Uuid, Uuid) {
+    // The lenient read: the database holds bad rows by now.
+    let row = store
+        .load_plan(100_000, None)
+        .await
+        .unwrap()
+        .data
+        .branch_rules
+        .into_iter()
+        .find(|r| r.id == branch_rule)
+        .unwrap();
+    (row.branch_id, row.rule_id)
+}
+
+async fn sql(store: &Store, text: &str) {
+    store
+        .execute_sql(text)
+        .await
+        .unwrap_or_else(|e| panic!("{text}: {e}"));
+}
+
+async fn executions(store: &Store, id: Uuid) -> Vec<Execution> {
+    store.executions_for(id).await.unwrap()
+}
+
+fn serve(install: &Install) -> Child {
+    let log = std::fs::File::create(install.path("serve.log")).unwrap();
+    install
+        .command(&["serve"])
+        .env("MASTER_GRACE_PERIOD_SECONDS", "0")
+        .env("WORKER_STAGGER_SECONDS", "0")
+        .env("WORKER_COOLDOWN_SECONDS", "0")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap()
+}
+
+fn listening_on(install: &Install) -> String {
+    const NEEDLE: &str = "HTTP API listening on http://";
+    install.wait_for_log("serve.log", NEEDLE);
+    let log = install.log("serve.log");
+    let line = log.lines().find(|l| l.contains(NEEDLE)).unwrap();
+    line[line.find(NEEDLE).unwrap() + NEEDLE.len()..]
+        .trim()
+        .to_string()
+}
+
+async fn get(client: &reqwest::Client, url: &str) -> (u16, String) {
+    let response = client.get(url).send().await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.text().await.unwrap())
+}
+
+/// The value of one series of a Prometheus text exposition.
+fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines()
+        .filter(|line| {
+            line.starts_with(&format!("{name}{{")) || line.starts_with(&format!("{name} "))
+        })
+        .find(|line| {
+            labels
+                .iter()
+                .all(|(k, v)| line.contains(&format!("{k}=\"{v}\"")))
+        })
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|value| value.parse().ok())
+}
+
+/// Log lines that quarantine the row `id`: one, whatever the refreshes.
+fn quarantine_warnings(log: &str, id: &str) -> usize {
+    log.lines()
+        .filter(|l| l.contains("🚫 Quarantined") && l.contains(&format!(" row {id}:")))
+        .count()
+}
+
+both_backends!(
+    bad_rows_are_quarantined_and_good_rules_run_on_time,
+    tokio::test(flavor = "multi_thread", worker_threads = 2),
+    |db: TestDb| async move {
+        let store = db.store().await;
+        let due = now_ms() - 1_000;
+        let noop = || vec![step("noop", json!({}))];
+
+        let mut good = Vec::with_capacity(GOOD_RULES);
+        for _ in 0..GOOD_RULES {
+            good.push(insert_rule(&store, YEARLY, due, &noop()).await);
+        }
+
+        // A branch an operator moved to Mars.
+        let on_mars = insert_rule(&store, YEARLY, due, &noop()).await;
+        let (mars_branch, _) = parents(&store, on_mars).await;
+        sql(
+            &store,
+            &format!("UPDATE branches SET timezone = 'Mars/Olympus' WHERE id = '{mars_branch}'"),
+        )
+        .await;
+        // A rule whose cron became */0.
+        let zero_step = insert_rule(&store, YEARLY, due, &noop()).await;
+        let (_, zero_rule) = parents(&store, zero_step).await;
+        sql(
+            &store,
+            &format!("UPDATE rules SET cron_expression = '*/0 * * * *' WHERE id = '{zero_rule}'"),
+        )
+        .await;
+        // An action detail whose params are not JSON: its rule must not run
+        // without that step.
+        let bad_detail_rule = insert_rule(&store, YEARLY, due, &noop()).await;
+        sql(&store, &format!("UPDATE action_details SET params = '{{not json' WHERE branch_rule_id = '{bad_detail_rule}'")).await;
+        // A template under an id that is not a UUID.
+        sql(
+            &store,
+            "INSERT INTO action_templates (id, name, kind) VALUES ('tmpl-not-a-uuid', 'x', 'noop')",
+        )
+        .await;
+        // A rule that runs (slowly) and whose zone breaks while it runs.
+        let breaks_while_running = insert_rule(
+            &store,
+            "* * * * *",
+            due,
+            &[step("sleep", json!({"ms": 3000}))],
+        )
+        .await;
+        let (running_branch, _) = parents(&store, breaks_while_running).await;
+
+        let install = Install::with_database(&db.url);
+        let started = now_ms();
+        let mut server = serve(&install);
+        let base = format!("http://{}", listening_on(&install));
+        let client = common::api::client();
+
+        // Bad branch rules arriving while it runs: the incremental refresh
+        // meets them.
+        let (branch_id, rule_id) = parents(&store, good[0]).await;
+        let window_abc = Uuid::new_v4();
+        let t = now_ms();
+        sql(&store, &format!(
+            "INSERT INTO branch_rules (id, branch_id, rule_id, operation_time_from, operation_time_to, next_run_time, created_at, updated_at) \
+             VALUES ('{window_abc}', '{branch_id}', '{rule_id}', 'abc', '06:00', {due}, {t}, {t})"
+        )).await;
+        sql(&store, &format!(
+            "INSERT INTO branch_rules (id, branch_id, rule_id, next_run_time, created_at, updated_at) \
+             VALUES ('br-not-a-uuid', '{branch_id}', '{rule_id}', {due}, {t}, {t})"
+        )).await;
+
+        // The zone breaks while the slow rule runs: that execution records
+        // why it has no next run, and the rule is held.
+        eventually(DEADLINE, "the slow rule to be running", || async {
+            executions(&store, breaks_while_running)
+                .await
+                .iter()
+                .any(|e| e.status == ExecutionStatus::Running)
+        })
+        .await;
+        sql(
+            &store,
+            &format!("UPDATE branches SET timezone = 'Mars/Olympus' WHERE id = '{running_branch}'"),
+        )
+        .await;
+        eventually(DEADLINE, "the slow rule's execution to end", || async {
+            executions(&store, breaks_while_running)
+                .await
+                .iter()
+                .all(|e| e.status.is_terminal())
+        })
+        .await;
+        let ran = executions(&store, breaks_while_running).await;
+        assert_eq!(ran.len(), 1, "{ran:?}");
+        let error = ran[0].error.clone().unwrap_or_default();
+        assert!(
+            error.contains(&format!(
+                "no next run: invalid time zone \"Mars/Olympus\" on branch {running_branch}"
+            )),
+            "{error}"
+        );
+
+        // Every good rule runs, once, on time; so does one added later.
+        let late = insert_rule(&store, YEARLY, now_ms() - 1_000, &noop()).await;
+        good.push(late);
+        for id in &good {
+            eventually(DEADLINE, "every good rule to complete", || async {
+                executions(&store, *id)
+                    .await
+                    .iter()
+                    .any(|e| e.status == ExecutionStatus::Completed)
+            })
+            .await;
+        }
+        for id in &good {
+            let runs = executions(&store, *id).await;
+            assert_eq!(runs.len(), 1, "rule {id} ran {} times", runs.len());
+            let began = runs[0].started_at.unwrap();
+            assert!(
+                began - started.max(runs[0].scheduled_for) <= ON_TIME.as_millis() as i64,
+                "rule {id} started {} ms late",
+                began - started
+            );
+        }
+
+        // Each bad row is listed, with the rules it holds.
+        let bad_rows = [
+            ("branches", mars_branch.to_string(), "zone"),
+            ("branches", running_branch.to_string(), "zone"),
+            ("rules", zero_rule.to_string(), "cron"),
+            ("branch_rules", window_abc.to_string(), "window"),
+            ("branch_rules", "br-not-a-uuid".to_string(), "decode"),
+            ("action_templates", "tmpl-not-a-uuid".to_string(), "decode"),
+        ];
+        let held = [on_mars, zero_step, bad_detail_rule, breaks_while_running];
+
+        let plan = install.run(&["plan"]);
+        let listing = stdout(&plan);
+        assert!(plan.status.success(), "{listing}");
+        for (table, id, _) in &bad_rows {
+            assert!(
+                listing.contains(&format!("QUARANTINED  {table} {id}")),
+                "{table} {id} not listed:\n{listing}"
+            );
+        }
+        assert!(
+            listing.contains("QUARANTINED  action_details "),
+            "{listing}"
+        );
+        for id in held {
+            let line = listing
+                .lines()
+                .find(|l| l.starts_with(&id.to_string()))
+                .unwrap();
+            assert!(line.contains("not ready: held:"), "{line}");
+        }
+
+        let (status, body) = get(&client, &format!("{base}/api/v1/plan")).await;
+        assert_eq!(status, 200, "{body}");
+        let plan: Value = serde_json::from_str(&body).unwrap();
+        let quarantined = plan["quarantined"].as_array().unwrap();
+        for (table, id, reason) in &bad_rows {
+            assert!(
+                quarantined
+                    .iter()
+                    .any(|r| r["table"] == *table && r["id"] == *id && r["reason"] == *reason),
+                "{table} {id} not in /api/v1/plan: {quarantined:?}"
+            );
+        }
+        let workflows = plan["workflows"].as_array().unwrap();
+        let held_reason = |id: Uuid| {
+            workflows
+                .iter()
+                .find(|w| w["branch_rule"]["id"] == id.to_string())
+                .map(|w| w["held"].clone())
+                .unwrap_or(Value::Null)
+        };
+        assert!(
+            held_reason(on_mars)
+                .as_str()
+                .is_some_and(|r| r.contains("Mars/Olympus")),
+            "{:?}",
+            held_reason(on_mars)
+        );
+        assert_eq!(held_reason(good[1]), Value::Null);
+
+        let (status, body) = get(&client, &format!("{base}/readyz")).await;
+        assert_eq!(status, 200, "{body}");
+        let ready: Value = serde_json::from_str(&body).unwrap();
+        let warnings = ready["warnings"].as_array().unwrap();
+        for (table, id, _) in &bad_rows {
+            assert!(
+                warnings
+                    .iter()
+                    .any(|w| w.as_str().unwrap().contains(&format!("{table} row {id}"))),
+                "{table} {id} not warned in /readyz: {warnings:?}"
+            );
+        }
+
+        // Counted once each, and warned once each, however many refreshes.
+        let refreshes_now = |text: &str| {
+            sample(text, "ruled_plan_refresh_total", &[("result", "ok")]).unwrap_or(0.0)
+        };
+        let (_, metrics) = get(&client, &format!("{base}/metrics")).await;
+        let later = refreshes_now(&metrics) + 10.0;
+        eventually(DEADLINE, "ten more refreshes", || async {
+            let (_, text) = get(&client, &format!("{base}/metrics")).await;
+            refreshes_now(&text) >= later
+        })
+        .await;
+        let (_, metrics) = get(&client, &format!("{base}/metrics")).await;
+        let rejected = |table: &str, reason: &str| {
+            sample(
+                &metrics,
+                "ruled_plan_rows_rejected_total",
+                &[("table", table), ("reason", reason)],
+            )
+            .unwrap_or(0.0)
+        };
+        assert_eq!(rejected("branches", "zone"), 2.0, "{metrics}");
+        assert_eq!(rejected("rules", "cron"), 1.0);
+        assert_eq!(rejected("branch_rules", "window"), 1.0);
+        assert_eq!(rejected("branch_rules", "decode"), 1.0);
+        assert_eq!(rejected("action_templates", "decode"), 1.0);
+        assert_eq!(rejected("action_details", "decode"), 1.0);
+        let log = install.log("serve.log");
+        for (_, id, _) in &bad_rows {
+            assert_eq!(
+                quarantine_warnings(&log, id),
+                1,
+                "warnings for {id}:\n{log}"
+            );
+        }
+
+        // Held rules never ran; fixing the value resumes them by themselves.
+        for id in [on_mars, zero_step, bad_detail_rule] {
+            assert!(
+                executions(&store, id).await.is_empty(),
+                "held rule {id} ran"
+            );
+        }
+        sql(
+            &store,
+            &format!("UPDATE branches SET timezone = 'UTC' WHERE id = '{mars_branch}'"),
+        )
+        .await;
+        sql(
+            &store,
+            &format!("UPDATE rules SET cron_expression = '{YEARLY}' WHERE id = '{zero_rule}'"),
+        )
+        .await;
+        for id in [on_mars, zero_step] {
+            eventually(DEADLINE, "a fixed rule to run", || async {
+                executions(&store, id)
+                    .await
+                    .iter()
+                    .any(|e| e.status == ExecutionStatus::Completed)
+            })
+            .await;
+        }
+        install.wait_for_log(
+            "serve.log",
+            &format!("branches row {mars_branch} is no longer quarantined"),
+        );
+
+        // No occurrence ran twice: the slow rule, held since its zone broke,
+        // ran once, and no rule has two executions of one occurrence.
+        assert_eq!(executions(&store, breaks_while_running).await.len(), 1);
+        let mut every = good.clone();
+        every.extend([on_mars, zero_step, bad_detail_rule, breaks_while_running]);
+        for id in every {
+            let runs = executions(&store, id).await;
+            let mut occurrences: Vec<i64> = runs.iter().map(|e| e.scheduled_for).collect();
+            occurrences.sort();
+            occurrences.dedup();
+            assert_eq!(
+                occurrences.len(),
+                runs.len(),
+                "rule {id} repeated an occurrence: {runs:?}"
+            );
+        }
+
+        signal(&server, libc::SIGTERM);
+        let status = wait_exit(&mut server);
+        assert_eq!(status.code(), Some(0), "{}", install.log("serve.log"));
+        store.close().await;
+    }
+);
