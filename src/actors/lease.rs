@@ -167,7 +167,11 @@ impl LeaseState {
             debug!("Partition leases not balanced this round: {e}");
         }
         self.publish();
-        self.take_over_silent();
+        // SQLite has one instance: what a predecessor left is recovered at
+        // start, and there is no peer to take over while running.
+        if self.args.store.backend() == Backend::Postgres {
+            self.take_over_silent();
+        }
         self.forward_cancel_requests().await;
     }
 
