@@ -1293,3 +1293,25 @@ fn the_invariant_checker_catches_each_violation() {
         );
     });
 }
+
+// ---------------------------------------------------------------------------
+// A static partition alone
+// ---------------------------------------------------------------------------
+
+/// Only `PARTITION=0/2` runs (issue 11, defect 4): it prefers the even
+/// partitions, but nobody prefers the odd ones, so it covers them too and
+/// every rule runs, once.
+#[test]
+fn a_lone_static_partition_runs_every_rule() {
+    run("lone_static", |db| async move {
+        let cluster = Cluster::start(&db, 1, &[("PARTITION", "0/2")]).await;
+        cluster.wait_until_cluster_ready(READY).await;
+        let due = cluster.seed(64, Action::Noop, Due::DbNow(0), 0).await;
+        let expect = Expect::completed(&due);
+        cluster
+            .wait_until_all_done(&expect, Duration::from_secs(60))
+            .await;
+        let executions = cluster.check_invariants(&expect).await;
+        assert_eq!(executions.len(), due.len(), "one execution per rule");
+    });
+}

@@ -25,6 +25,9 @@ fn a_bad_variable_stops_start_up_and_is_named() {
         ("WORKER_COUNT", "many"),
         ("DEFAULT_TIMEZONE", "Europe/Atlantis"),
         ("DATABASE_URL", "mysql://nope"),
+        // With the default 30 s TTL: a lease would expire before three
+        // renewals were tried.
+        ("PARTITION_LEASE_RETRY_SECONDS", "11"),
     ] {
         let output = install
             .command(&["plan"])
@@ -37,7 +40,19 @@ fn a_bad_variable_stops_start_up_and_is_named() {
             "{variable}: {}",
             stderr(&output)
         );
-    }
+    } // `serve` refuses the same settings before it starts anything.
+    let output = install
+        .command(&["serve"])
+        .env("PARTITION_LEASE_TTL_SECONDS", "3")
+        .env("PARTITION_LEASE_RETRY_SECONDS", "2")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("PARTITION_LEASE_RETRY_SECONDS"),
+        "{}",
+        stderr(&output)
+    );
 }
 
 #[test]
