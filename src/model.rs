@@ -157,7 +157,7 @@ pub struct PlanData {
 }
 
 /// The life of one occurrence (DESIGN.md §4). Stored lower-case.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ExecutionStatus {
     /// The claim succeeded and the row was inserted (master).
@@ -239,7 +239,19 @@ pub struct Execution {
 
 /// Why a row was kept out of the plan: the bounded `reason` label of
 /// `ruled_plan_rows_rejected_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    utoipa::ToSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum RejectReason {
     /// A column does not fit the model (a non-UUID id, bad JSON, a NULL).
@@ -269,7 +281,7 @@ impl RejectReason {
 
 /// A row of a plan table kept out of the plan (quarantined): it could not
 /// be decoded, or its cron expression, zone or window is invalid.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RejectedRow {
     pub table: String,
     /// The row's id as stored, which need not be a UUID.

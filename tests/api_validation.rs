@@ -314,14 +314,14 @@ both_backends!(
     |db: TestDb| async move {
         let (running, api, f) = start(&db).await;
         let anonymous = api.without_token();
-        for route in ruled::api::routes::table()
-            .iter()
-            .filter(|r| r.method != "get")
+        for (method, path) in ruled::api::routes::operations()
+            .into_iter()
+            .filter(|(method, _)| method != "get")
         {
-            let url = format!("/api/v1{}", route.path)
+            let url = format!("/api/v1{path}")
                 .replace("{id}", &f.branch_rule)
                 .replace("{detail_id}", &f.template);
-            let method: Method = route.method.to_uppercase().parse().unwrap();
+            let method: Method = method.to_uppercase().parse().unwrap();
             let reply = anonymous
                 .send(method.clone(), &url, Some(b"{}".to_vec()))
                 .await;

@@ -6,13 +6,19 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
+use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
 use super::ApiState;
 use super::catalog::{nudge, present_branch_rule, schedule_of_row};
 use super::error::{ApiError, ApiResult};
 use super::extract::ApiJson;
-use super::present::{parse_time, present_execution as present_execution_for, rfc3339};
+use super::present::rfc3339;
+use super::schema::{RequestTime, Timestamp};
+use super::views::{
+    BranchRule, CancelAccepted, Execution, ExecutionPage, ForceStopped, Instance, Instances,
+    PlanReady, PlanView, Preview, PreviewRun, RunAccepted, RunCancel, Stats,
+};
 use crate::actors::ask;
 use crate::messages::master::CancelOutcome;
 use crate::messages::{MasterMsg, PlanMsg, WriterMsg};
@@ -41,17 +47,22 @@ async fn branch_rule(s: &ApiState, id: &str) -> ApiResult<(Uuid, Map<String, Val
     Ok((uuid, row))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StatusInput {
     is_active: bool,
 }
 
+#[utoipa::path(put, path = "/branch-rules/{id}/status", tag = "branch rules",
+    request_body = StatusInput,
+    params(("id" = Uuid, Path, description = "Branch rule id")),
+    responses((status = 200, description = "The branch rule as changed", body = BranchRule)),
+    security(("bearer" = [])))]
 pub async fn set_status(
     State(s): State<ApiState>,
     Path(id): Path<String>,
     ApiJson(input): ApiJson<StatusInput>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<BranchRule>> {
     let (uuid, _) = branch_rule(&s, &id).await?;
     let mut changes = Map::new();
     changes.insert("is_active".into(), Value::Bool(input.is_active));
@@ -65,10 +76,14 @@ pub async fn set_status(
 /// Run now: the rule becomes due at once and goes through the same claim,
 /// queue and worker as a scheduled run, so every rule of the engine (one
 /// run at a time, dedup, window, throttling) still holds.
+#[utoipa::path(post, path = "/branch-rules/{id}/run", tag = "branch rules",
+    params(("id" = Uuid, Path, description = "Branch rule id")),
+    responses((status = 202, description = "Due now; it runs through the usual claim and window", body = RunAccepted)),
+    security(("bearer" = [])))]
 pub async fn run_now(
     State(s): State<ApiState>,
     Path(id): Path<String>,
-) -> ApiResult<(StatusCode, Json<Value>)> {
+) -> ApiResult<(StatusCode, Json<RunAccepted>)> {
     let (uuid, _) = branch_rule(&s, &id).await?;
     let now = s.clock().now_ms();
     let mut changes = Map::new();
@@ -78,17 +93,25 @@ pub async fn run_now(
     nudge(&s);
     Ok((
         StatusCode::ACCEPTED,
-        Json(json!({ "id": uuid, "next_run_time": rfc3339(now) })),
+        Json(RunAccepted {
+            id: uuid,
+            next_run_time: Timestamp(now),
+        }),
     ))
 }
 
 /// Sets the force stop (in the database) and cancels the rule's run: here
 /// at once when this instance runs it, else by the instance that does, at
 /// its next lease renewal (202, naming it).
+#[utoipa::path(post, path = "/branch-rules/{id}/force-stop", tag = "branch rules",
+    params(("id" = Uuid, Path, description = "Branch rule id")),
+    responses((status = 200, description = "Stopped here", body = ForceStopped),
+        (status = 202, description = "Stopped; its run on another instance is cancelled by that instance", body = ForceStopped)),
+    security(("bearer" = [])))]
 pub async fn force_stop(
     State(s): State<ApiState>,
     Path(id): Path<String>,
-) -> ApiResult<(StatusCode, Json<Value>)> {
+) -> ApiResult<(StatusCode, Json<ForceStopped>)> {
     let (uuid, _) = branch_rule(&s, &id).await?;
     let master = s.directory().master().ok_or_else(|| restarting("master"))?;
     let outcome = ask(&master, |reply| MasterMsg::ForceStop {
@@ -109,27 +132,31 @@ pub async fn force_stop(
     Ok(match elsewhere {
         Some(execution) => (
             StatusCode::ACCEPTED,
-            Json(json!({
-                "id": uuid,
-                "is_force_stopped": outcome.flag_set,
-                "cancel": "requested",
-                "execution_id": execution.id,
-                "owner": execution.owner,
-            })),
+            Json(ForceStopped {
+                id: uuid,
+                is_force_stopped: outcome.flag_set,
+                cancel: RunCancel::Requested,
+                execution_id: Some(execution.id),
+                owner: Some(execution.owner),
+            }),
         ),
         None => (
             StatusCode::OK,
-            Json(json!({
-                "id": uuid,
-                "is_force_stopped": outcome.flag_set,
-                "cancel": outcome.cancel,
-            })),
+            Json(ForceStopped {
+                id: uuid,
+                is_force_stopped: outcome.flag_set,
+                cancel: outcome.cancel.into(),
+                execution_id: None,
+                owner: None,
+            }),
         ),
     })
 }
 
 /// The branch rules ready to run now, as the plan sees them.
-pub async fn due(State(s): State<ApiState>) -> ApiResult<Json<Value>> {
+#[utoipa::path(get, path = "/branch-rules/due", tag = "branch rules",
+    responses((status = 200, description = "Branch rules ready to run now", body = Vec<BranchRule>)))]
+pub async fn due(State(s): State<ApiState>) -> ApiResult<Json<Vec<BranchRule>>> {
     let plan = s.directory().plan().ok_or_else(|| restarting("plan"))?;
     let ids = ask(&plan, PlanMsg::Ready).await?;
     let mut out = Vec::new();
@@ -138,27 +165,35 @@ pub async fn due(State(s): State<ApiState>) -> ApiResult<Json<Value>> {
             out.push(present_branch_rule(&s, row).await?);
         }
     }
-    Ok(Json(Value::Array(out)))
+    Ok(Json(out))
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PreviewQuery {
-    count: Option<usize>,
-    from: Option<String>,
-}
-
+/// The most runs one preview shows.
 const PREVIEW_MAX: usize = 1000;
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct PreviewQuery {
+    /// How many runs.
+    #[param(minimum = 1, maximum = 1000, default = 10)]
+    count: Option<usize>,
+    /// Runs after this time; default: now.
+    #[param(value_type = Option<RequestTime>)]
+    from: Option<RequestTime>,
+}
 
 /// The next runs as the service would make them: the cron expression in
 /// the branch's zone, each occurrence outside the window deferred to its
 /// opening, DST handled by the schedule module.
+#[utoipa::path(get, path = "/branch-rules/{id}/preview", tag = "branch rules",
+    params(("id" = Uuid, Path, description = "Branch rule id"), PreviewQuery),
+    responses((status = 200, description = "The next runs, honouring window, zone and DST", body = Preview)))]
 pub async fn preview_runs(
     State(s): State<ApiState>,
     Path(id): Path<String>,
     Query(query): Query<PreviewQuery>,
-) -> ApiResult<Json<Value>> {
-    let (_, row) = branch_rule(&s, &id).await?;
+) -> ApiResult<Json<Preview>> {
     let count = query.count.unwrap_or(10);
     if count == 0 || count > PREVIEW_MAX {
         return Err(ApiError::field(
@@ -166,10 +201,8 @@ pub async fn preview_runs(
             format!("must be 1 to {PREVIEW_MAX}"),
         ));
     }
-    let from = match &query.from {
-        Some(text) => parse_time("from", text)?,
-        None => s.clock().now_ms(),
-    };
+    let (_, row) = branch_rule(&s, &id).await?;
+    let from = query.from.map_or_else(|| s.clock().now_ms(), |t| t.0);
     // The one resolver the plan and the worker use: a stored zone or
     // expression that is invalid is a 409 naming the row.
     let (schedule, zone) = match schedule_of_row(&s, &row).await? {
@@ -179,9 +212,9 @@ pub async fn preview_runs(
         }
         Err(e) => return Err(ApiError::Conflict(e.to_string())),
     };
+    let text = |key: &str| row.get(key).and_then(Value::as_str).map(String::from);
     let bound = |key: &str| -> ApiResult<_> {
-        row.get(key)
-            .and_then(Value::as_str)
+        text(key)
             .map(|t| {
                 t.parse()
                     .map_err(|_| ApiError::Conflict(format!("stored {key} {t:?} is not HH:MM")))
@@ -193,28 +226,44 @@ pub async fn preview_runs(
         .ok_or_else(|| ApiError::field("from", "out of range"))?;
     let runs = preview(&schedule, zone, window, from, count)
         .map_err(|e| ApiError::Conflict(e.to_string()))?;
-    Ok(Json(json!({
-        "cron_expression": schedule.expression(),
-        "timezone": zone.name(),
-        "operation_time_from": row.get("operation_time_from"),
-        "operation_time_to": row.get("operation_time_to"),
-        "runs": runs.iter().map(|t| json!({
-            "utc": t.to_rfc3339(),
-            "local": t.with_timezone(&zone).to_rfc3339(),
-        })).collect::<Vec<_>>(),
-    })))
+    Ok(Json(Preview {
+        cron_expression: schedule.expression().to_string(),
+        timezone: zone.name().to_string(),
+        operation_time_from: text("operation_time_from"),
+        operation_time_to: text("operation_time_to"),
+        runs: runs
+            .iter()
+            .map(|t| PreviewRun {
+                utc: t.to_rfc3339(),
+                local: t.with_timezone(&zone).to_rfc3339(),
+            })
+            .collect(),
+    }))
 }
 
 // ---- executions ------------------------------------------------------------
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct ExecutionQuery {
-    branch_rule_id: Option<String>,
-    status: Option<String>,
-    from: Option<String>,
-    to: Option<String>,
+    /// Only this branch rule's runs.
+    branch_rule_id: Option<Uuid>,
+    #[param(value_type = Option<ExecutionStatus>)]
+    status: Option<ExecutionStatus>,
+    /// Runs due at or after this time.
+    #[param(value_type = Option<RequestTime>)]
+    from: Option<RequestTime>,
+    /// Runs due before this time.
+    #[param(value_type = Option<RequestTime>)]
+    to: Option<RequestTime>,
+    /// Items per page.
+    #[param(minimum = 1, maximum = 1000, default = 100)]
     limit: Option<i64>,
+    /// `next_cursor` of the previous page.
+    #[param(
+        pattern = "^-?[0-9]{1,18}_[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+    )]
     cursor: Option<String>,
 }
 
@@ -231,79 +280,68 @@ fn decode_cursor(text: &str) -> ApiResult<(i64, Uuid)> {
     ))
 }
 
-/// Outputs hold response captures and program output, which can echo
-/// credentials: only token holders read them.
-fn present_execution(execution: &crate::model::Execution, with_token: bool) -> Value {
-    match serde_json::to_value(execution) {
-        Ok(Value::Object(map)) => present_execution_for(map, with_token),
-        _ => Value::Null,
-    }
+/// Whether the request carries a token: execution outputs hold response
+/// captures and program output, which can echo credentials.
+fn holds_token(s: &ApiState, headers: &HeaderMap) -> bool {
+    super::extract::caller_of(&s.config().tokens(), headers).is_some()
 }
 
+#[utoipa::path(get, path = "/executions", tag = "executions", params(ExecutionQuery),
+    responses((status = 200, description = "A page of executions, newest first", body = ExecutionPage)))]
 pub async fn list_executions(
     State(s): State<ApiState>,
     headers: HeaderMap,
     Query(q): Query<ExecutionQuery>,
-) -> ApiResult<Json<Value>> {
-    let with_token = super::extract::caller_of(&s.config().tokens(), &headers).is_some();
-    let branch_rule_id = q
-        .branch_rule_id
-        .as_deref()
-        .map(|t| {
-            Uuid::parse_str(t)
-                .map_err(|_| ApiError::field("branch_rule_id", format!("{t:?} is not a UUID")))
-        })
-        .transpose()?;
-    let status = q
-        .status
-        .as_deref()
-        .map(|t| {
-            ExecutionStatus::parse(t)
-                .ok_or_else(|| ApiError::field("status", format!("unknown status {t:?}")))
-        })
-        .transpose()?;
+) -> ApiResult<Json<ExecutionPage>> {
+    let with_token = holds_token(&s, &headers);
     // The same page sizes as every catalog listing.
     let limit = super::catalog::page_limit(q.limit)?;
     let filter = ExecutionFilter {
-        branch_rule_id,
-        status,
-        from: q
-            .from
-            .as_deref()
-            .map(|t| parse_time("from", t))
-            .transpose()?,
-        to: q.to.as_deref().map(|t| parse_time("to", t)).transpose()?,
+        branch_rule_id: q.branch_rule_id,
+        status: q.status,
+        from: q.from.map(|t| t.0),
+        to: q.to.map(|t| t.0),
         limit,
         after: q.cursor.as_deref().map(decode_cursor).transpose()?,
     };
     let page = s.store().list_executions(&filter).await?;
-    Ok(Json(json!({
-        "items": page.iter().map(|e| present_execution(e, with_token)).collect::<Vec<_>>(),
-        "next_cursor": filter.next_cursor(&page).map(encode_cursor),
-    })))
+    Ok(Json(ExecutionPage {
+        items: page
+            .iter()
+            .map(|e| Execution::shown(e, with_token))
+            .collect(),
+        next_cursor: filter.next_cursor(&page).map(encode_cursor),
+    }))
 }
 
+#[utoipa::path(get, path = "/executions/{id}", tag = "executions",
+    params(("id" = Uuid, Path, description = "Execution id")),
+    responses((status = 200, description = "The execution", body = Execution)))]
 pub async fn get_execution(
     State(s): State<ApiState>,
     headers: HeaderMap,
     Path(id): Path<String>,
-) -> ApiResult<Json<Value>> {
-    let with_token = super::extract::caller_of(&s.config().tokens(), &headers).is_some();
+) -> ApiResult<Json<Execution>> {
+    let with_token = holds_token(&s, &headers);
     let uuid = parse_id("execution", &id)?;
     let execution = s
         .store()
         .execution(uuid)
         .await?
         .ok_or_else(|| ApiError::not_found("execution", &id))?;
-    Ok(Json(present_execution(&execution, with_token)))
+    Ok(Json(Execution::shown(&execution, with_token)))
 }
 
 /// Cancels through the master: before the handoff it records Cancelled
 /// itself; after it, the worker that owns the job does (seed 002).
+#[utoipa::path(post, path = "/executions/{id}/cancel", tag = "executions",
+    params(("id" = Uuid, Path, description = "Execution id")),
+    responses((status = 202, description = "Cancelled here, or recorded for the instance that runs it", body = CancelAccepted)),
+    security(("bearer" = [])))]
 pub async fn cancel_execution(
     State(s): State<ApiState>,
     Path(id): Path<String>,
-) -> ApiResult<(StatusCode, Json<Value>)> {
+) -> ApiResult<(StatusCode, Json<CancelAccepted>)> {
     let uuid = parse_id("execution", &id)?;
     let execution = s
         .store()
@@ -325,7 +363,11 @@ pub async fn cancel_execution(
     if outcome != CancelOutcome::NotInFlight {
         return Ok((
             StatusCode::ACCEPTED,
-            Json(json!({ "id": uuid, "outcome": outcome, "owner": s.config().instance_id })),
+            Json(CancelAccepted {
+                id: uuid,
+                outcome: outcome.into(),
+                owner: s.config().instance_id.clone(),
+            }),
         ));
     }
     // Another instance runs it (or is about to): the request is recorded
@@ -333,7 +375,11 @@ pub async fn cancel_execution(
     match s.store().request_cancel(uuid).await? {
         Some(owner) => Ok((
             StatusCode::ACCEPTED,
-            Json(json!({ "id": uuid, "outcome": "cancel_requested", "owner": owner })),
+            Json(CancelAccepted {
+                id: uuid,
+                outcome: RunCancel::CancelRequested,
+                owner,
+            }),
         )),
         None => Err(ApiError::Conflict(format!("execution {id} already ended"))),
     }
@@ -341,42 +387,46 @@ pub async fn cancel_execution(
 
 /// The instances sharing the database: heartbeat, liveness (on the
 /// database's clock), static partition and the partition leases held.
-pub async fn instances(State(s): State<ApiState>) -> ApiResult<Json<Value>> {
+#[utoipa::path(get, path = "/instances", tag = "cluster",
+    responses((status = 200, description = "Instances sharing the database, with their partition leases", body = Instances)))]
+pub async fn instances(State(s): State<ApiState>) -> ApiResult<Json<Instances>> {
     let store = s.store();
     let ttl_ms = s.config().partition_lease_ttl.as_millis() as i64;
     let view = store.partition_leases().await?;
     let rows = store.instances().await?;
-    let out: Vec<Value> = rows
+    let instances = rows
         .into_iter()
         .map(|row| {
-            let held: Vec<u32> = view
+            let partitions_held: Vec<u32> = view
                 .leases
                 .iter()
                 .filter(|lease| lease.live_holder(view.db_now) == Some(row.id.as_str()))
                 .map(|lease| lease.partition)
                 .collect();
-            json!({
-                "id": row.id,
-                "hostname": row.hostname,
-                "pid": row.pid,
-                "started_at": rfc3339(row.started_at),
-                "heartbeat_at": rfc3339(row.heartbeat_at),
-                "live": view.db_now - row.heartbeat_at <= ttl_ms,
-                "partition": row.partition,
-                "partitions_held": held,
-                "this_instance": row.id == s.config().instance_id,
-            })
+            Instance {
+                live: view.db_now - row.heartbeat_at <= ttl_ms,
+                this_instance: row.id == s.config().instance_id,
+                id: row.id,
+                hostname: row.hostname,
+                pid: row.pid,
+                started_at: Timestamp(row.started_at),
+                heartbeat_at: Timestamp(row.heartbeat_at),
+                partition: row.partition,
+                partitions_held,
+            }
         })
         .collect();
-    Ok(Json(json!({
-        "partition_count": s.config().partition_count,
-        "instances": out,
-    })))
+    Ok(Json(Instances {
+        partition_count: s.config().partition_count,
+        instances,
+    }))
 }
 
 // ---- plan and statistics ---------------------------------------------------
 
-pub async fn plan(State(s): State<ApiState>) -> ApiResult<Json<Value>> {
+#[utoipa::path(get, path = "/plan", tag = "plan",
+    responses((status = 200, description = "The execution plan, with quarantined rows and held workflows", body = PlanView)))]
+pub async fn plan(State(s): State<ApiState>) -> ApiResult<Json<PlanView>> {
     let actor = s.directory().plan().ok_or_else(|| restarting("plan"))?;
     let snapshot = ask(&actor, PlanMsg::Snapshot).await?;
     let quarantine = ask(&actor, PlanMsg::Quarantine).await?;
@@ -401,7 +451,6 @@ pub async fn plan(State(s): State<ApiState>) -> ApiResult<Json<Value>> {
                 let (partition, owner) = owners.of(&id);
                 object.insert("partition".into(), json!(partition));
                 object.insert("partition_owner".into(), json!(owner));
-                // Why an operator must act before it runs again, if so.
                 object.insert("held".into(), json!(held.get(&id)));
             }
         }
@@ -411,8 +460,23 @@ pub async fn plan(State(s): State<ApiState>) -> ApiResult<Json<Value>> {
     }
     // Action params live in the snapshot too.
     value = super::present::redact(&value);
-    times_as_rfc3339(&mut value);
-    Ok(Json(value))
+    let mut view: PlanView = super::views::from_value(value)?;
+    // The free-form parts (the catalog copies) show times like the rest.
+    for list in [
+        &mut view.outbox,
+        &mut view.brands,
+        &mut view.branches,
+        &mut view.rules,
+        &mut view.brand_rules,
+        &mut view.action_templates,
+        &mut view.action_details,
+    ] {
+        list.iter_mut().for_each(times_as_rfc3339);
+    }
+    for workflow in &mut view.workflows {
+        times_as_rfc3339(&mut workflow.branch_rule);
+    }
+    Ok(Json(view))
 }
 
 /// Epoch-millisecond times in the plan snapshot, at any depth, as RFC 3339
@@ -435,21 +499,27 @@ fn times_as_rfc3339(value: &mut Value) {
     }
 }
 
-pub async fn plan_ready(State(s): State<ApiState>) -> ApiResult<Json<Value>> {
+#[utoipa::path(get, path = "/plan/ready", tag = "plan",
+    responses((status = 200, description = "Ids of the workflows ready now", body = PlanReady)))]
+pub async fn plan_ready(State(s): State<ApiState>) -> ApiResult<Json<PlanReady>> {
     let actor = s.directory().plan().ok_or_else(|| restarting("plan"))?;
-    let ids = ask(&actor, PlanMsg::Ready).await?;
-    Ok(Json(json!({ "ready": ids })))
+    let ready = ask(&actor, PlanMsg::Ready).await?;
+    Ok(Json(PlanReady { ready }))
 }
 
 /// Seed 004's queue statistics, seed 000's writer status, the plan's size.
-pub async fn stats(State(s): State<ApiState>) -> ApiResult<Json<Value>> {
+#[utoipa::path(get, path = "/stats", tag = "plan",
+    responses((status = 200, description = "Queue, writer and plan statistics", body = Stats)))]
+pub async fn stats(State(s): State<ApiState>) -> ApiResult<Json<Stats>> {
     let master = s.directory().master().ok_or_else(|| restarting("master"))?;
     let writer = s.directory().writer().ok_or_else(|| restarting("writer"))?;
     let plan = s.directory().plan().ok_or_else(|| restarting("plan"))?;
     let queue = ask(&master, MasterMsg::Stats).await?;
     let writer = ask(&writer, WriterMsg::Stats).await?;
     let plan = ask(&plan, PlanMsg::Stats).await?;
-    Ok(Json(
-        json!({ "queue": queue, "writer": writer, "plan": plan }),
-    ))
+    Ok(Json(Stats {
+        queue,
+        writer: writer.into(),
+        plan,
+    }))
 }

@@ -50,7 +50,10 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
             Err(e) if e.is::<http_body_util::LengthLimitError>() => return Err(too_large),
             Err(e) => return Err(ApiError::InvalidBody(format!("cannot read the body: {e}"))),
         };
-        if bytes.is_empty() {
+        // Every body this API takes is an object; serde would also read a
+        // struct from an array (`[null, null]`), which no client means.
+        let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
+        if first.is_none() {
             return Err(ApiError::InvalidBody(english(
                 "detail.json_object_required",
             )));
@@ -65,16 +68,31 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
         serde_json::from_slice::<IgnoredAny>(&bytes)
             .map_err(|e| ApiError::InvalidBody(e.to_string()))?;
         check_values(&bytes)?;
+        if first != Some(&b'{') {
+            return Err(ApiError::InvalidBody(english(
+                "detail.json_object_required",
+            )));
+        }
         let mut deserializer = serde_json::Deserializer::from_slice(&bytes);
         match serde_path_to_error::deserialize(&mut deserializer) {
             Ok(value) => Ok(ApiJson(value)),
             Err(e) => {
                 let path = e.path().to_string();
-                let inner = e.into_inner();
-                if path == "." || path.is_empty() {
-                    Err(ApiError::InvalidBody(inner.to_string()))
-                } else {
-                    Err(ApiError::field(path, inner.to_string()))
+                let inner = e.into_inner().to_string();
+                // serde names a missing field in its text: the field is
+                // what the client must fix, so the error names it.
+                let missing = inner
+                    .strip_prefix("missing field `")
+                    .and_then(|rest| rest.split_once('`'))
+                    .map(|(field, _)| field.to_string());
+                let at = |field: String| match path.as_str() {
+                    "." | "" => field,
+                    parent => format!("{parent}.{field}"),
+                };
+                match missing {
+                    Some(field) => Err(ApiError::field(at(field), "is required")),
+                    None if path == "." || path.is_empty() => Err(ApiError::InvalidBody(inner)),
+                    None => Err(ApiError::field(path, inner)),
                 }
             }
         }
@@ -144,6 +162,7 @@ fn check_values(bytes: &[u8]) -> Result<(), ApiError> {
         bytes,
         at: 0,
         path: Vec::new(),
+        free_form: 0,
     };
     walker.value()
 }
@@ -152,7 +171,14 @@ struct Walker<'a> {
     bytes: &'a [u8],
     at: usize,
     path: Vec<Step>,
+    /// How many free-form objects (settings, config, params) enclose the
+    /// current value: they are stored as JSON text, where a NUL is the
+    /// escape `\u0000`, so it may appear there.
+    free_form: usize,
 }
+
+/// The fields whose value is the caller's own JSON object.
+const FREE_FORM_FIELDS: [&str; 3] = ["settings", "config", "params"];
 
 impl Walker<'_> {
     fn peek(&self) -> u8 {
@@ -193,11 +219,14 @@ impl Walker<'_> {
                     self.skip_whitespace();
                     self.at += 1; // ':'
                     let nul = key.contains('\0');
+                    let free_form = FREE_FORM_FIELDS.contains(&key.as_str());
                     self.path.push(Step::Key(key));
-                    if nul {
+                    if nul && self.free_form == 0 {
                         return Err(self.refuse("detail.nul_key"));
                     }
+                    self.free_form += usize::from(free_form);
                     self.value()?;
+                    self.free_form -= usize::from(free_form);
                     self.path.pop();
                 }
             }
@@ -222,7 +251,7 @@ impl Walker<'_> {
                 }
             }
             b'"' => {
-                if self.string()?.contains('\0') {
+                if self.string()?.contains('\0') && self.free_form == 0 {
                     return Err(self.refuse("detail.nul"));
                 }
                 Ok(())
@@ -233,12 +262,20 @@ impl Walker<'_> {
                     self.at += 1;
                 }
                 let literal = &self.bytes[start..self.at];
-                let integer = !literal.iter().any(|b| matches!(b, b'.' | b'e' | b'E'));
-                let fits = std::str::from_utf8(literal)
-                    .ok()
-                    .and_then(|t| t.parse::<i64>().ok())
-                    .is_some();
-                if integer && !fits {
+                // JSON Schema counts any number without a fraction as an
+                // integer (1e300, 2.0): those beyond i64 are refused, as
+                // serde_json would keep them only as lossy floats.
+                let text = std::str::from_utf8(literal).unwrap_or_default();
+                let plain = !literal.iter().any(|b| matches!(b, b'.' | b'e' | b'E'));
+                let refused = if plain {
+                    text.parse::<i64>().is_err()
+                } else {
+                    let integral = text
+                        .parse::<f64>()
+                        .is_ok_and(|v| v.fract() == 0.0 || !v.is_finite());
+                    integral && !within_i64(text)
+                };
+                if refused {
                     return Err(self.refuse("detail.integer_range"));
                 }
                 Ok(())
@@ -408,6 +445,14 @@ fn routed(req: &Request<Body>) -> bool {
     let method = req.method().as_str();
     super::routes::allowed_methods(req.uri().path())
         .is_none_or(|allow| allow.split(',').any(|m| m == method))
+}
+
+/// Whether an integral number written with a fraction or exponent (`2.0`,
+/// `1e3`) lies within i64.
+fn within_i64(text: &str) -> bool {
+    const LIMIT: f64 = 9_223_372_036_854_775_808.0;
+    text.parse::<f64>()
+        .is_ok_and(|v| v.is_finite() && (-LIMIT..LIMIT).contains(&v))
 }
 
 /// Compares without an early exit, so the time taken says nothing about

@@ -15,6 +15,8 @@ pub mod i18n;
 mod metrics;
 pub mod present;
 pub mod routes;
+pub mod schema;
+pub mod views;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -95,15 +97,12 @@ impl ApiState {
     }
 }
 
-/// Every route of the service: `/api/v1` from [`routes::table`] behind
+/// Every route of the service: `/api/v1` from [`routes::api`] behind
 /// the token check, probes and metrics outside it and open, and every
 /// answer through [`error::envelope`], so errors are JSON in the caller's
 /// language whoever produced them.
 pub fn router(state: ApiState) -> Router {
-    let mut api: Router<ApiState> = Router::new();
-    for route in routes::table() {
-        api = api.route(route.path, route.handler);
-    }
+    let (api, _) = routes::api().split_for_parts();
     let api = api
         .fallback(no_api_route)
         .method_not_allowed_fallback(method_not_allowed)
@@ -140,8 +139,8 @@ async fn no_api_route(method: axum::http::Method, uri: axum::http::Uri) -> error
     error::ApiError::NoRoute(format!("{method} {}", full_path(&uri)))
 }
 
-/// 405 with `Allow` from the route table, the same one the router is
-/// built from, so the two cannot disagree.
+/// 405 with `Allow` from the OpenAPI document, built from the same list
+/// of handlers as the router, so the two cannot disagree.
 async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {
     let Some(allow) = routes::allowed_methods(uri.path()) else {
         return no_route(method, uri).await.into_response();

@@ -1,6 +1,6 @@
-//! How rows leave the API: times as RFC 3339, secrets redacted, a branch
-//! rule's next run also in its branch's zone, execution outputs only for
-//! callers holding the token.
+//! How rows leave the API: secrets redacted, a branch rule's next run also
+//! in its branch's zone, execution outputs only for callers holding the
+//! token ([`super::views`] holds the shapes).
 //!
 //! Secret fields of action configs and params are write-only: they are
 //! shown as `***` ([`crate::actions::secrets`] says which fields), and a
@@ -17,22 +17,6 @@ use crate::clock::millis_to_utc;
 use crate::store::Store;
 use crate::store::rows::TableSpec;
 
-/// Columns holding epoch milliseconds, shown as RFC 3339.
-const TIME_COLUMNS: &[&str] = &[
-    "created_at",
-    "updated_at",
-    "next_run_time",
-    "last_run_time",
-    "lock_time",
-    "scheduled_for",
-    "requested_at",
-    "scheduled_at",
-    "started_at",
-    "finished_at",
-    "heartbeat_at",
-    "archived_at",
-];
-
 pub use crate::actions::secrets::{MASK as REDACTED, is_secret_key};
 
 /// A copy of `value` with every secret hidden at any depth, by the action
@@ -47,44 +31,12 @@ pub fn rfc3339(ms: i64) -> Value {
     Value::String(millis_to_utc(ms).to_rfc3339())
 }
 
-/// A row as the API shows it.
-pub fn present(mut row: Map<String, Value>) -> Value {
-    for (key, value) in row.iter_mut() {
-        if TIME_COLUMNS.contains(&key.as_str()) {
-            if let Some(ms) = value.as_i64() {
-                *value = rfc3339(ms);
-            }
-        } else {
-            match key.as_str() {
-                "params" | "config" => *value = secrets::redact_config(value),
-                "settings" | "output" => *value = secrets::redact_named(value),
-                "error" => {
-                    if let Value::String(text) = value {
-                        *text = secrets::mask_urls(text).into_owned();
-                    }
-                }
-                _ => {}
-            }
-        }
-    }
-    Value::Object(row)
-}
-
 /// `next_run_time` (epoch ms) in `zone`, with its offset.
 pub fn local_time(ms: i64, zone: Tz) -> Value {
     match DateTime::from_timestamp_millis(ms) {
         Some(t) => Value::String(t.with_timezone(&zone).to_rfc3339()),
         None => Value::Null,
     }
-}
-
-/// Parses an RFC 3339 request field into epoch milliseconds.
-pub fn parse_time(field: &str, text: &str) -> Result<i64, super::error::ApiError> {
-    DateTime::parse_from_rfc3339(text)
-        .map(|t| t.timestamp_millis())
-        .map_err(|e| {
-            super::error::ApiError::field(field, format!("{text:?} is not an RFC 3339 time: {e}"))
-        })
 }
 
 /// Columns whose JSON holds action secrets, write-only through the API.
@@ -138,37 +90,10 @@ pub fn output_needs_token() -> Value {
     })
 }
 
-/// An execution as the API shows it; its output only to token holders.
-pub fn present_execution(mut row: Map<String, Value>, with_token: bool) -> Value {
-    if !with_token && row.get("output").is_some_and(|o| !o.is_null()) {
-        row.insert("output".into(), output_needs_token());
-    }
-    present(row)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
-
-    #[test]
-    fn outputs_need_the_token() {
-        let row = |output: Value| {
-            let mut map = Map::new();
-            map.insert("output".into(), output);
-            map
-        };
-        let shown = present_execution(row(json!({"body": "x"})), false);
-        assert_eq!(shown["output"]["hidden"], true);
-        assert_eq!(
-            present_execution(row(Value::Null), false)["output"],
-            Value::Null
-        );
-        assert_eq!(
-            present_execution(row(json!({"body": "x"})), true)["output"]["body"],
-            "x"
-        );
-    }
 
     #[test]
     fn secrets_are_redacted_at_any_depth() {

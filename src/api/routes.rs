@@ -1,254 +1,326 @@
-//! The one table of `/api/v1` routes: the router and the OpenAPI document
-//! are both built from it, so neither can list a route the other lacks.
+//! The `/api/v1` routes: one list of handlers, from which utoipa-axum
+//! builds both the router and the OpenAPI 3.1 document, so neither can
+//! list a route the other lacks. The document's schemas are the handlers'
+//! own input and output types ([`super::schema`], [`super::views`]).
+//!
+//! What the annotations cannot say once per route is added here, from the
+//! same facts: the error responses each operation can give (all in the
+//! envelope), the links from each create to what can be done with the
+//! created row, and the parts that depend on this service's settings
+//! (the action kinds it runs, the longest an action may take).
+
+use std::sync::LazyLock;
 
 use axum::Json;
-use axum::routing::{MethodRouter, delete, get, post, put};
+use axum::extract::State;
 use serde_json::{Map, Value, json};
+use utoipa::OpenApi;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::ApiState;
-use super::catalog as c;
+use super::catalog::Cascade;
+use super::catalog::{self as c, DURATION_KEYS, longest_action_ms};
 use super::engine as e;
+use super::schema::{ErrorEnvelope, JsonObject, JsonValue, json_value_schema};
 
 pub const PREFIX: &str = "/api/v1";
 
-pub struct Route {
-    pub method: &'static str,
-    /// Relative to [`PREFIX`], in OpenAPI's `{param}` syntax (axum's too).
-    pub path: &'static str,
-    pub summary: &'static str,
-    pub handler: MethodRouter<ApiState>,
-}
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "ruled",
+        description = "Scheduled business rules: brands, branches, rules, their branch rules \
+                       with cron schedules in the branch's zone and daily windows, and every \
+                       execution. Reads are open; changes need `Authorization: Bearer <token>` \
+                       (API_TOKEN or API_TOKENS). Errors are `{\"error\": {\"code\", \"message\"}}`, \
+                       the message in the language of `Accept-Language` (en, ar)."
+    ),
+    components(schemas(ErrorEnvelope, JsonValue, JsonObject, Cascade)),
+    modifiers(&BearerScheme)
+)]
+struct ApiDoc;
 
-fn r(
-    method: &'static str,
-    path: &'static str,
-    summary: &'static str,
-    handler: MethodRouter<ApiState>,
-) -> Route {
-    Route {
-        method,
-        path,
-        summary,
-        handler,
+struct BearerScheme;
+
+impl utoipa::Modify for BearerScheme {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
     }
 }
 
-pub fn table() -> Vec<Route> {
-    vec![
-        r("post", "/brands", "Create a brand", post(c::create_brand)),
-        r("get", "/brands", "List brands", get(c::list_brands)),
-        r("get", "/brands/{id}", "Get a brand", get(c::get_brand)),
-        r(
-            "put",
-            "/brands/{id}",
-            "Update a brand",
-            put(c::update_brand),
+/// Every `/api/v1` route with its documentation, paths relative to
+/// [`PREFIX`].
+pub fn api() -> OpenApiRouter<ApiState> {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(c::create_brand, c::list_brands))
+        .routes(routes!(c::get_brand, c::update_brand, c::delete_brand))
+        .routes(routes!(c::create_branch, c::list_branches))
+        .routes(routes!(c::get_branch, c::update_branch, c::delete_branch))
+        .routes(routes!(c::create_rule, c::list_rules))
+        .routes(routes!(c::get_rule, c::update_rule, c::delete_rule))
+        .routes(routes!(c::create_template, c::list_templates))
+        .routes(routes!(
+            c::get_template,
+            c::update_template,
+            c::delete_template
+        ))
+        .routes(routes!(c::create_branch_rule, c::list_branch_rules))
+        .routes(routes!(e::due))
+        .routes(routes!(
+            c::get_branch_rule,
+            c::update_branch_rule,
+            c::delete_branch_rules
+        ))
+        .routes(routes!(e::set_status))
+        .routes(routes!(e::run_now))
+        .routes(routes!(e::force_stop))
+        .routes(routes!(e::preview_runs))
+        .routes(routes!(c::create_detail, c::list_details))
+        .routes(routes!(c::get_detail, c::update_detail, c::delete_detail))
+        .routes(routes!(e::list_executions))
+        .routes(routes!(e::get_execution))
+        .routes(routes!(e::cancel_execution))
+        .routes(routes!(e::instances))
+        .routes(routes!(e::plan))
+        .routes(routes!(e::plan_ready))
+        .routes(routes!(e::stats))
+        .routes(routes!(openapi_handler))
+}
+
+/// The document as the annotations give it, under [`PREFIX`], with the
+/// error responses and links added ([`complete`]).
+static DOCUMENT: LazyLock<Value> = LazyLock::new(|| {
+    let document = OpenApiRouter::new().nest(PREFIX, api()).into_openapi();
+    let mut value = serde_json::to_value(document).unwrap_or(Value::Null);
+    complete(&mut value);
+    value
+});
+
+/// This document.
+#[utoipa::path(get, path = "/openapi.json", tag = "meta",
+    responses((status = 200, description = "The OpenAPI 3.1 document of this API", body = Object)))]
+async fn openapi_handler(State(s): State<ApiState>) -> Json<Value> {
+    Json(openapi(&s))
+}
+
+/// The OpenAPI document of this service: [`DOCUMENT`] with the action
+/// kinds it runs and the longest an action may take here.
+pub fn openapi(state: &ApiState) -> Value {
+    let mut document = DOCUMENT.clone();
+    let mut kinds = state.registry().kinds();
+    if !state.config().command_actions_enabled {
+        kinds.retain(|kind| kind != "command");
+    }
+    kinds.sort();
+    if let Some(kind) = document.pointer_mut("/components/schemas/ActionKind") {
+        kind["enum"] = json!(kinds);
+    }
+    let longest = longest_action_ms(state);
+    for (key, _) in DURATION_KEYS {
+        let pointer = format!("/components/schemas/ActionConfig/properties/{key}/maximum");
+        if let Some(maximum) = document.pointer_mut(&pointer) {
+            *maximum = json!(longest);
+        }
+    }
+    document
+}
+
+/// Every operation of the document as (lower-case method, path relative
+/// to [`PREFIX`]), in the document's order.
+pub fn operations() -> Vec<(String, String)> {
+    let Some(paths) = DOCUMENT.get("paths").and_then(Value::as_object) else {
+        return Vec::new();
+    };
+    paths
+        .iter()
+        .flat_map(|(path, item)| {
+            let relative = path.strip_prefix(PREFIX).unwrap_or(path).to_string();
+            item.as_object()
+                .into_iter()
+                .flat_map(|item| item.keys())
+                .filter(|method| METHODS.contains(&method.as_str()))
+                .map(move |method| (method.clone(), relative.clone()))
+        })
+        .collect()
+}
+
+/// The HTTP methods of an operation in a path item.
+const METHODS: [&str; 8] = [
+    "get", "put", "post", "delete", "options", "head", "patch", "trace",
+];
+
+fn error_response(description: &str) -> Value {
+    json!({
+        "description": description,
+        "content": { "application/json": { "schema": {
+            "$ref": "#/components/schemas/ErrorEnvelope"
+        } } }
+    })
+}
+
+/// Adds to every operation the errors it can answer with, and to every
+/// create the links to its row's operations.
+fn complete(document: &mut Value) {
+    let Some(paths) = document.get_mut("paths").and_then(Value::as_object_mut) else {
+        return;
+    };
+    for item in paths.values_mut().filter_map(Value::as_object_mut) {
+        for (method, operation) in item.iter_mut() {
+            if METHODS.contains(&method.as_str()) {
+                add_errors(method, operation);
+            }
+        }
+    }
+    if let Some(schema) = document.pointer_mut("/components/schemas/JsonValue") {
+        *schema = json_value_schema();
+    }
+    // A window is set as a pair (both bounds or neither), which JSON
+    // Schema says with `dependentRequired`; utoipa has no attribute for it.
+    for input in ["BranchRuleCreate", "BranchRuleUpdate"] {
+        if let Some(schema) = document
+            .pointer_mut(&format!("/components/schemas/{input}"))
+            .and_then(Value::as_object_mut)
+        {
+            schema.insert(
+                "dependentRequired".into(),
+                json!({
+                    "operation_time_from": ["operation_time_to"],
+                    "operation_time_to": ["operation_time_from"],
+                }),
+            );
+        }
+    }
+    let Some(paths) = document.get_mut("paths").and_then(Value::as_object_mut) else {
+        return;
+    };
+    // Links name operations of other paths, so they are read from a copy.
+    let snapshot = Value::Object(paths.clone());
+    let templates: Vec<String> = paths.keys().cloned().collect();
+    for (path, item) in paths.iter_mut() {
+        if let Some(operation) = item.get_mut("post") {
+            add_links(path, &templates, operation, &snapshot);
+        }
+    }
+}
+
+fn add_errors(method: &str, operation: &mut Value) {
+    let has_body = operation.get("requestBody").is_some();
+    let previews = operation.get("operationId").and_then(Value::as_str) == Some("preview_runs");
+    let Some(responses) = operation
+        .get_mut("responses")
+        .and_then(Value::as_object_mut)
+    else {
+        return;
+    };
+    let mut errors: Vec<(&str, &str)> = vec![
+        (
+            "400",
+            "A path, query or body value is wrong; the message names it",
         ),
-        r(
-            "delete",
-            "/brands/{id}",
-            "Delete brands (comma-separated ids)",
-            delete(c::delete_brand),
+        ("404", "No such row, or no such route"),
+        ("500", "An internal error; the log says more"),
+        (
+            "503",
+            "The database or an actor is unavailable for now; try again",
         ),
-        r(
-            "post",
-            "/branches",
-            "Create a branch",
-            post(c::create_branch),
-        ),
-        r("get", "/branches", "List branches", get(c::list_branches)),
-        r("get", "/branches/{id}", "Get a branch", get(c::get_branch)),
-        r(
-            "put",
-            "/branches/{id}",
-            "Update a branch",
-            put(c::update_branch),
-        ),
-        r(
-            "delete",
-            "/branches/{id}",
-            "Delete branches (comma-separated ids)",
-            delete(c::delete_branch),
-        ),
-        r("post", "/rules", "Create a rule", post(c::create_rule)),
-        r("get", "/rules", "List rules", get(c::list_rules)),
-        r("get", "/rules/{id}", "Get a rule", get(c::get_rule)),
-        r("put", "/rules/{id}", "Update a rule", put(c::update_rule)),
-        r(
-            "delete",
-            "/rules/{id}",
-            "Delete rules (comma-separated ids)",
-            delete(c::delete_rule),
-        ),
-        r(
-            "post",
-            "/action-templates",
-            "Create an action template",
-            post(c::create_template),
-        ),
-        r(
-            "get",
-            "/action-templates",
-            "List action templates",
-            get(c::list_templates),
-        ),
-        r(
-            "get",
-            "/action-templates/{id}",
-            "Get an action template",
-            get(c::get_template),
-        ),
-        r(
-            "put",
-            "/action-templates/{id}",
-            "Update an action template",
-            put(c::update_template),
-        ),
-        r(
-            "delete",
-            "/action-templates/{id}",
-            "Delete action templates (409 while in use)",
-            delete(c::delete_template),
-        ),
-        r(
-            "post",
-            "/branch-rules",
-            "Create a branch rule, with its action details in one transaction",
-            post(c::create_branch_rule),
-        ),
-        r(
-            "get",
-            "/branch-rules",
-            "List branch rules",
-            get(c::list_branch_rules),
-        ),
-        r(
-            "get",
-            "/branch-rules/due",
-            "Branch rules ready to run now",
-            get(e::due),
-        ),
-        r(
-            "get",
-            "/branch-rules/{id}",
-            "Get a branch rule",
-            get(c::get_branch_rule),
-        ),
-        r(
-            "put",
-            "/branch-rules/{id}",
-            "Update a branch rule",
-            put(c::update_branch_rule),
-        ),
-        r(
-            "delete",
-            "/branch-rules/{id}",
-            "Delete branch rules (comma-separated ids)",
-            delete(c::delete_branch_rules),
-        ),
-        r(
-            "put",
-            "/branch-rules/{id}/status",
-            "Activate or deactivate a branch rule",
-            put(e::set_status),
-        ),
-        r(
-            "post",
-            "/branch-rules/{id}/run",
-            "Run a branch rule now",
-            post(e::run_now),
-        ),
-        r(
-            "post",
-            "/branch-rules/{id}/force-stop",
-            "Force-stop a branch rule and cancel its run",
-            post(e::force_stop),
-        ),
-        r(
-            "get",
-            "/branch-rules/{id}/preview",
-            "Next runs (count=N), honouring window, zone and DST",
-            get(e::preview_runs),
-        ),
-        r(
-            "post",
-            "/branch-rules/{id}/action-details",
-            "Add an action detail",
-            post(c::create_detail),
-        ),
-        r(
-            "get",
-            "/branch-rules/{id}/action-details",
-            "List a branch rule's action details",
-            get(c::list_details),
-        ),
-        r(
-            "get",
-            "/branch-rules/{id}/action-details/{detail_id}",
-            "Get an action detail",
-            get(c::get_detail),
-        ),
-        r(
-            "put",
-            "/branch-rules/{id}/action-details/{detail_id}",
-            "Update an action detail",
-            put(c::update_detail),
-        ),
-        r(
-            "delete",
-            "/branch-rules/{id}/action-details/{detail_id}",
-            "Delete an action detail",
-            delete(c::delete_detail),
-        ),
-        r(
-            "get",
-            "/executions",
-            "List executions (branch_rule_id, status, from, to, limit, cursor)",
-            get(e::list_executions),
-        ),
-        r(
-            "get",
-            "/executions/{id}",
-            "Get an execution",
-            get(e::get_execution),
-        ),
-        r(
-            "post",
-            "/executions/{id}/cancel",
-            "Cancel an execution",
-            post(e::cancel_execution),
-        ),
-        r(
-            "get",
-            "/instances",
-            "Instances sharing the database, with their partition leases",
-            get(e::instances),
-        ),
-        r("get", "/plan", "The execution plan", get(e::plan)),
-        r(
-            "get",
-            "/plan/ready",
-            "Ids of the workflows ready now",
-            get(e::plan_ready),
-        ),
-        r(
-            "get",
-            "/stats",
-            "Queue, writer and plan statistics",
-            get(e::stats),
-        ),
-        r(
-            "get",
-            "/openapi.json",
-            "This document",
-            get(openapi_handler),
-        ),
-    ]
+    ];
+    if method != "get" {
+        errors.extend([
+            ("401", "No token, or not one of API_TOKEN or API_TOKENS"),
+            ("403", "The API is read-only: the service has no API token"),
+            (
+                "409",
+                "The change conflicts with stored rows (the message says which)",
+            ),
+        ]);
+    }
+    if has_body {
+        errors.extend([
+            ("413", "The body is larger than 64 KiB"),
+            ("415", "The body is not application/json"),
+        ]);
+    }
+    if previews {
+        errors.push(("409", "The stored schedule cannot be computed"));
+    }
+    for (status, description) in errors {
+        responses
+            .entry(status)
+            .or_insert_with(|| error_response(description));
+    }
+}
+
+/// The path parameters of a path template, in order.
+fn parameters_of(template: &str) -> Vec<&str> {
+    template
+        .split('/')
+        .filter_map(|s| s.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
+        .collect()
+}
+
+/// Links from the 201 of a create at `path` to every operation on the
+/// created row (`path/{x}` and below): `x` is the created body's `id`,
+/// the other parameters are the create's own.
+fn add_links(path: &str, templates: &[String], operation: &mut Value, paths: &Value) {
+    let Some(created) = operation.pointer_mut("/responses/201") else {
+        return;
+    };
+    let own = parameters_of(path);
+    let mut links = Map::new();
+    for template in templates {
+        let Some(rest) = template.strip_prefix(&format!("{path}/{{")) else {
+            continue;
+        };
+        let Some((new_parameter, _)) = rest.split_once('}') else {
+            continue;
+        };
+        let parameters: Map<String, Value> = parameters_of(template)
+            .into_iter()
+            .map(|name| {
+                let source = if name == new_parameter {
+                    "$response.body#/id".to_string()
+                } else if own.contains(&name) {
+                    format!("$request.path.{name}")
+                } else {
+                    return (name.to_string(), Value::Null);
+                };
+                (name.to_string(), Value::String(source))
+            })
+            .collect();
+        if parameters.values().any(Value::is_null) {
+            continue;
+        }
+        let Some(item) = paths.get(template).and_then(Value::as_object) else {
+            continue;
+        };
+        for (method, target) in item {
+            let Some(operation_id) = target.get("operationId").and_then(Value::as_str) else {
+                continue;
+            };
+            if !METHODS.contains(&method.as_str()) {
+                continue;
+            }
+            links.insert(
+                operation_id.to_string(),
+                json!({ "operationId": operation_id, "parameters": parameters }),
+            );
+        }
+    }
+    if !links.is_empty() {
+        created["links"] = Value::Object(links);
+    }
 }
 
 /// The `Allow` header for `path` (relative to [`PREFIX`] or not): the
-/// methods of the table's route that axum would pick for it, HEAD with GET
-/// as axum serves it. None when no route matches, so the answer is a 404.
+/// methods of the document's path that axum would pick for it, HEAD with
+/// GET as axum serves it. None when no route matches, so the answer is a
+/// 404.
 ///
 /// Routing prefers a literal segment over a `{param}` one at the first
 /// place they differ (matchit's rule), so `/branch-rules/due` allows only
@@ -256,30 +328,33 @@ pub fn table() -> Vec<Route> {
 pub fn allowed_methods(path: &str) -> Option<String> {
     let path = path.strip_prefix(PREFIX).unwrap_or(path);
     let segments: Vec<&str> = path.split('/').collect();
-    let table = table();
-    let best = table
+    let paths = DOCUMENT.get("paths")?.as_object()?;
+    let (_, item) = paths
         .iter()
-        .filter_map(|route| {
-            let template: Vec<&str> = route.path.split('/').collect();
-            if template.len() != segments.len() {
+        .filter_map(|(template, item)| {
+            let template = template.strip_prefix(PREFIX)?;
+            let parts: Vec<&str> = template.split('/').collect();
+            if parts.len() != segments.len() {
                 return None;
             }
-            let mut literal = Vec::with_capacity(template.len());
-            for (t, s) in template.iter().zip(&segments) {
+            let mut literal = Vec::with_capacity(parts.len());
+            for (t, s) in parts.iter().zip(&segments) {
                 let is_param = t.starts_with('{') && t.ends_with('}');
                 if (is_param && s.is_empty()) || (!is_param && t != s) {
                     return None;
                 }
                 literal.push(!is_param);
             }
-            Some((literal, route.path))
+            Some((literal, item))
         })
-        .max_by(|a, b| a.0.cmp(&b.0))?
-        .1;
+        .max_by(|a, b| a.0.cmp(&b.0))?;
     let mut methods: Vec<String> = Vec::new();
-    for route in table.iter().filter(|r| r.path == best) {
-        methods.push(route.method.to_ascii_uppercase());
-        if route.method == "get" {
+    for method in item.as_object()?.keys() {
+        if !METHODS.contains(&method.as_str()) {
+            continue;
+        }
+        methods.push(method.to_ascii_uppercase());
+        if method == "get" {
             methods.push("HEAD".to_string());
         }
     }
@@ -288,70 +363,9 @@ pub fn allowed_methods(path: &str) -> Option<String> {
     Some(methods.join(","))
 }
 
-async fn openapi_handler() -> Json<Value> {
-    Json(openapi())
-}
-
-/// The OpenAPI 3.1 document of [`table`].
-pub fn openapi() -> Value {
-    let mut paths: Map<String, Value> = Map::new();
-    for route in table() {
-        let full = format!("{PREFIX}{}", route.path);
-        let params: Vec<Value> = route
-            .path
-            .split('/')
-            .filter_map(|seg| seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
-            .map(|name| json!({ "name": name, "in": "path", "required": true, "schema": { "type": "string" } }))
-            .collect();
-        let mut op = json!({
-            "summary": route.summary,
-            "parameters": params,
-            "responses": {
-                "200": { "description": "success" },
-                "400": { "$ref": "#/components/responses/Error" },
-                "404": { "$ref": "#/components/responses/Error" },
-                "405": { "$ref": "#/components/responses/Error" },
-            },
-        });
-        if route.method != "get" {
-            op["security"] = json!([{ "bearer": [] }]);
-            op["responses"]["401"] = json!({ "$ref": "#/components/responses/Error" });
-            op["responses"]["403"] = json!({ "$ref": "#/components/responses/Error" });
-            op["responses"]["409"] = json!({ "$ref": "#/components/responses/Error" });
-        }
-        if matches!(route.method, "post" | "put") {
-            op["responses"]["413"] = json!({ "$ref": "#/components/responses/Error" });
-            op["responses"]["415"] = json!({ "$ref": "#/components/responses/Error" });
-            op["requestBody"] =
-                json!({ "content": { "application/json": { "schema": { "type": "object" } } } });
-        }
-        let entry = paths.entry(full).or_insert_with(|| json!({}));
-        entry[route.method] = op;
-    }
-    json!({
-        "openapi": "3.1.0",
-        "info": { "title": "ruled", "version": env!("CARGO_PKG_VERSION") },
-        "paths": paths,
-        "components": {
-            "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer" } },
-            "responses": {
-                "Error": {
-                    "description": "{\"error\": {\"code\", \"message\"}}",
-                    "content": { "application/json": { "schema": {
-                        "type": "object",
-                        "properties": { "error": { "type": "object", "properties": {
-                            "code": { "type": "string" }, "message": { "type": "string" }
-                        } } }
-                    } } }
-                }
-            }
-        }
-    })
-}
-
 #[cfg(test)]
 mod tests {
-    use super::allowed_methods;
+    use super::*;
 
     #[test]
     fn allow_lists_the_methods_of_the_matching_route() {
@@ -375,5 +389,47 @@ mod tests {
         assert_eq!(allowed_methods("/plan").as_deref(), Some("GET,HEAD"));
         assert_eq!(allowed_methods("/nothing"), None);
         assert_eq!(allowed_methods("/brands//"), None);
+    }
+
+    #[test]
+    fn every_operation_documents_its_errors_in_the_envelope() {
+        let paths = DOCUMENT["paths"].as_object().unwrap();
+        assert!(paths.len() >= 20, "{}", paths.len());
+        for (path, item) in paths {
+            for (method, operation) in item.as_object().unwrap() {
+                let responses = operation["responses"].as_object().unwrap();
+                for status in ["400", "404", "500"] {
+                    assert_eq!(
+                        responses[status]["content"]["application/json"]["schema"]["$ref"],
+                        "#/components/schemas/ErrorEnvelope",
+                        "{method} {path} {status}"
+                    );
+                }
+                let mutation = method != "get";
+                assert_eq!(
+                    operation.get("security").is_some(),
+                    mutation,
+                    "{method} {path}: only changes need the token"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn creates_link_to_the_operations_on_what_they_created() {
+        let links = &DOCUMENT["paths"]["/api/v1/brands"]["post"]["responses"]["201"]["links"];
+        for operation in ["get_brand", "update_brand", "delete_brand"] {
+            assert_eq!(
+                links[operation]["parameters"]["id"], "$response.body#/id",
+                "{links}"
+            );
+        }
+        let nested = &DOCUMENT["paths"]["/api/v1/branch-rules/{id}/action-details"]["post"]["responses"]
+            ["201"]["links"]["get_detail"]["parameters"];
+        assert_eq!(nested["id"], "$request.path.id");
+        assert_eq!(nested["detail_id"], "$response.body#/id");
+        let branch_rule =
+            &DOCUMENT["paths"]["/api/v1/branch-rules"]["post"]["responses"]["201"]["links"];
+        assert!(branch_rule.get("run_now").is_some(), "{branch_rule}");
     }
 }

@@ -85,7 +85,7 @@ impl Workflow {
 }
 
 /// Counts for the `ruled_plan_workflows{state}` gauge and `GET /plan`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PlanStats {
     pub workflows: usize,
     pub active: usize,

@@ -46,7 +46,7 @@ impl DedupReason {
 }
 
 /// Seed 004's queue statistics.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct QueueStats {
     pub queue_size: usize,
     pub active_jobs: usize,

@@ -289,10 +289,22 @@ impl Fields {
                 .collect::<Vec<_>>()
                 .join(",")
         };
+        // A bare `*` inside a list (`*,5`) is every value, which croner
+        // refuses to read in some fields: it gets the field's full range
+        // instead, which means the same and keeps the day fields' "either
+        // matches" rule (a lone `*` is the only wildcard).
+        let whole = |field: Field, text: &str| {
+            if text != "*" && text.split(',').any(|item| item == "*") {
+                let (low, high) = field.star_range();
+                format!("{low}-{high}")
+            } else {
+                text.to_string()
+            }
+        };
         let normalized = [
-            parts[0].to_string(),
-            parts[1].to_string(),
-            parts[2].to_string(),
+            whole(Field::ALL[0], parts[0]),
+            whole(Field::ALL[1], parts[1]),
+            whole(Field::ALL[2], parts[2]),
             list(parts[3], sets[3]),
             list(parts[4], sets[4]),
         ]
@@ -418,6 +430,13 @@ mod tests {
     #[test]
     fn malformed_fields_name_the_problem() {
         assert!(error("*/0 * * * *").contains("step"));
+        // A `*` in a list is every value, in every field.
+        for expression in ["*,5 * * * *", "*/12,* * * * *", "* 9 *,6-18,3 * *"] {
+            assert!(
+                crate::schedule::CronSchedule::parse(expression).is_ok(),
+                "{expression}"
+            );
+        }
         assert!(error("61 * * * *").contains("minute field: value 61 is out of range 0-59"));
         assert!(error("0 0 0 * *").contains("day-of-month"));
         assert!(error("0 0 * 13 *").contains("month"));

@@ -1,0 +1,517 @@
+//! What the API answers, as types: every response body is one of these, so
+//! the OpenAPI document's schemas are the code's own and a field added here
+//! is added to both.
+//!
+//! Catalog rows come from the store as column maps ([`crate::store::rows`])
+//! and are read into these types by serde ([`from_row`]): a column the
+//! table gains and the type lacks fails the `views_cover_every_column`
+//! test rather than disappearing from the API. Ids are shown as stored
+//! (strings of UUID format): a row an operator wrote with SQL is listed,
+//! not turned into a 500.
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+use super::error::ApiError;
+use super::schema::Timestamp;
+use crate::actions::secrets;
+use crate::messages::master::CancelOutcome;
+use crate::model::{ExecutionStatus, RejectedRow};
+use crate::plan::PlanStats;
+use crate::queue::QueueStats;
+
+/// A stored row read into its view, secrets hidden on the way: the JSON
+/// columns by the action config schema, URLs in error text.
+pub fn from_row<T: DeserializeOwned>(mut row: Map<String, Value>) -> Result<T, ApiError> {
+    for (key, value) in row.iter_mut() {
+        match key.as_str() {
+            "params" | "config" => *value = secrets::redact_config(value),
+            "settings" => *value = secrets::redact_named(value),
+            _ => {}
+        }
+    }
+    from_value(Value::Object(row))
+}
+
+/// A value read into its view; one that does not fit is a 500, logged.
+pub fn from_value<T: DeserializeOwned>(value: Value) -> Result<T, ApiError> {
+    serde_json::from_value(value).map_err(|e| {
+        ApiError::Store(crate::store::StoreError::Decode {
+            table: "API view",
+            id: String::new(),
+            column: "?",
+            message: e.to_string(),
+        })
+    })
+}
+
+/// `created_by` and `updated_by`: the name of the API token that made the
+/// change (`API_TOKENS=name:token`), `null` for rows written otherwise.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Brand {
+    #[schema(format = Uuid)]
+    pub id: String,
+    pub name: String,
+    #[schema(value_type = Object)]
+    pub settings: Value,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+    pub created_by: Option<String>,
+    pub updated_by: Option<String>,
+    /// Set by `DELETE …?cascade=archive`; archived rows leave listings.
+    pub archived_at: Option<Timestamp>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Branch {
+    #[schema(format = Uuid)]
+    pub id: String,
+    #[schema(format = Uuid)]
+    pub brand_id: String,
+    pub name: String,
+    /// IANA zone its rules run in; `null`: DEFAULT_TIMEZONE.
+    pub timezone: Option<String>,
+    pub is_active: bool,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+    pub created_by: Option<String>,
+    pub updated_by: Option<String>,
+    pub archived_at: Option<Timestamp>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RuleStatus {
+    Active,
+    Inactive,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Rule {
+    #[schema(format = Uuid)]
+    pub id: String,
+    #[schema(format = Uuid)]
+    pub brand_id: Option<String>,
+    pub name: String,
+    pub status: RuleStatus,
+    pub cron_expression: String,
+    #[schema(value_type = Object)]
+    pub settings: Value,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+    pub created_by: Option<String>,
+    pub updated_by: Option<String>,
+    pub archived_at: Option<Timestamp>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ActionTemplate {
+    #[schema(format = Uuid)]
+    pub id: String,
+    pub name: String,
+    /// The action kind: http, sleep, noop, command, …
+    pub kind: String,
+    /// Secret fields (header values, body fields, URL credentials,
+    /// credential-named keys) are shown as `***`; sending `***` back keeps
+    /// the stored value.
+    #[schema(value_type = Object)]
+    pub config: Value,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+    pub created_by: Option<String>,
+    pub updated_by: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ActionDetail {
+    #[schema(format = Uuid)]
+    pub id: String,
+    #[schema(format = Uuid)]
+    pub branch_rule_id: String,
+    #[schema(format = Uuid)]
+    pub action_template_id: String,
+    /// Where it runs among its branch rule's details, lowest first.
+    pub position: i32,
+    /// Merged over the template's config at run time; secrets as `***`.
+    #[schema(value_type = Object)]
+    pub params: Value,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+    pub created_by: Option<String>,
+    pub updated_by: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct BranchRule {
+    #[schema(format = Uuid)]
+    pub id: String,
+    #[schema(format = Uuid)]
+    pub branch_id: String,
+    #[schema(format = Uuid)]
+    pub rule_id: String,
+    #[schema(format = Uuid)]
+    pub brand_rule_id: Option<String>,
+    pub is_active: bool,
+    pub is_archived: bool,
+    pub is_force_stopped: bool,
+    pub is_currently_running: bool,
+    /// The daily operation window, `HH:MM` in the branch's zone; both or
+    /// neither.
+    pub operation_time_from: Option<String>,
+    pub operation_time_to: Option<String>,
+    /// `null`: no next run (the plan holds the rule until it is fixed).
+    pub next_run_time: Option<Timestamp>,
+    pub last_run_time: Option<Timestamp>,
+    /// The instance holding the claim, while one does.
+    pub lock_holder: Option<String>,
+    pub lock_time: Option<Timestamp>,
+    pub lock_epoch: i64,
+    #[schema(value_type = Object)]
+    pub params: Value,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+    pub created_by: Option<String>,
+    pub updated_by: Option<String>,
+    /// `next_run_time` in the branch's zone, with its offset.
+    #[serde(default)]
+    #[schema(format = DateTime)]
+    pub next_run_time_local: Option<String>,
+    /// The zone the schedule runs in (the branch's, else the default);
+    /// `null` when the stored one is invalid.
+    #[serde(default)]
+    pub timezone: Option<String>,
+    /// Why no schedule can be computed, when none can.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule_error: Option<String>,
+    /// Its actions in the order they run.
+    #[serde(default)]
+    pub action_details: Vec<ActionDetail>,
+}
+
+/// One run of a branch rule: every state's time is kept.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Execution {
+    pub id: Uuid,
+    pub branch_rule_id: Uuid,
+    /// The occurrence's due time.
+    pub scheduled_for: Timestamp,
+    pub status: ExecutionStatus,
+    #[schema(minimum = 1)]
+    pub attempt: i64,
+    /// INSTANCE_ID of the instance that claimed it.
+    pub owner: String,
+    pub lock_epoch: i64,
+    pub requested_at: Timestamp,
+    pub scheduled_at: Option<Timestamp>,
+    pub started_at: Option<Timestamp>,
+    pub finished_at: Option<Timestamp>,
+    pub error: Option<String>,
+    /// Response captures and program output: only for requests carrying
+    /// the token; others get `{"hidden": true, "reason": …}`.
+    #[schema(value_type = Option<Object>)]
+    pub output: Option<Value>,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+}
+
+impl Execution {
+    /// The API's view of a stored execution; its output only for callers
+    /// holding the token, since response captures can echo credentials.
+    pub fn shown(execution: &crate::model::Execution, with_token: bool) -> Execution {
+        let output = execution.output.as_ref().map(|output| {
+            if with_token {
+                secrets::redact_named(output)
+            } else {
+                super::present::output_needs_token()
+            }
+        });
+        Execution {
+            id: execution.id,
+            branch_rule_id: execution.branch_rule_id,
+            scheduled_for: Timestamp(execution.scheduled_for),
+            status: execution.status,
+            attempt: execution.attempt,
+            owner: execution.owner.clone(),
+            lock_epoch: execution.lock_epoch,
+            requested_at: Timestamp(execution.requested_at),
+            scheduled_at: execution.scheduled_at.map(Timestamp),
+            started_at: execution.started_at.map(Timestamp),
+            finished_at: execution.finished_at.map(Timestamp),
+            error: execution
+                .error
+                .as_deref()
+                .map(|text| secrets::mask_urls(text).into_owned()),
+            output,
+            created_at: Timestamp(execution.created_at),
+            updated_at: Timestamp(execution.updated_at),
+        }
+    }
+}
+
+/// A page of executions, newest first.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ExecutionPage {
+    pub items: Vec<Execution>,
+    /// Pass as `cursor` for the next page; `null` on the last.
+    pub next_cursor: Option<String>,
+}
+
+/// Run now accepted: the rule is due at once.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RunAccepted {
+    pub id: Uuid,
+    pub next_run_time: Timestamp,
+}
+
+/// What force-stop did to the rule's run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RunCancel {
+    /// It was still queued here; it is recorded cancelled.
+    CancelledBeforeHandoff,
+    /// A worker here runs it and was told to cancel.
+    CancelSentToWorker,
+    /// Nothing of it runs here.
+    NotInFlight,
+    /// Another instance runs it and acts on the request at its next lease
+    /// round (`owner` names it).
+    Requested,
+    /// The same, for a cancel: the request is recorded for its owner.
+    CancelRequested,
+}
+
+impl From<CancelOutcome> for RunCancel {
+    fn from(outcome: CancelOutcome) -> RunCancel {
+        match outcome {
+            CancelOutcome::CancelledBeforeHandoff => RunCancel::CancelledBeforeHandoff,
+            CancelOutcome::CancelSentToWorker => RunCancel::CancelSentToWorker,
+            CancelOutcome::NotInFlight => RunCancel::NotInFlight,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ForceStopped {
+    pub id: Uuid,
+    pub is_force_stopped: bool,
+    pub cancel: RunCancel,
+    /// The run being cancelled on another instance, when one is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub execution_id: Option<Uuid>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+}
+
+/// A cancel accepted: done here, or recorded for the instance that runs it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CancelAccepted {
+    pub id: Uuid,
+    pub outcome: RunCancel,
+    /// INSTANCE_ID of the instance that runs it.
+    pub owner: String,
+}
+
+/// What `DELETE …?cascade=archive` archived and cancelled.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Archived {
+    pub archived: Vec<Uuid>,
+    pub branch_rules_archived: Vec<Uuid>,
+    pub cancelled: Vec<CancelledRun>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CancelledRun {
+    pub branch_rule_id: Uuid,
+    pub execution_id: Uuid,
+    pub owner: String,
+    pub outcome: RunCancel,
+}
+
+/// The next runs as the service will make them.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Preview {
+    pub cron_expression: String,
+    pub timezone: String,
+    pub operation_time_from: Option<String>,
+    pub operation_time_to: Option<String>,
+    pub runs: Vec<PreviewRun>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PreviewRun {
+    #[schema(format = DateTime)]
+    pub utc: String,
+    /// The same instant in the branch's zone, with its offset.
+    #[schema(format = DateTime)]
+    pub local: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Instances {
+    pub partition_count: u32,
+    pub instances: Vec<Instance>,
+}
+
+/// An instance sharing the database.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Instance {
+    /// INSTANCE_ID (the hostname by default).
+    pub id: String,
+    pub hostname: String,
+    pub pid: i64,
+    pub started_at: Timestamp,
+    pub heartbeat_at: Timestamp,
+    /// Heartbeat within PARTITION_LEASE_TTL_SECONDS, on the database's clock.
+    pub live: bool,
+    /// `k/N` when it prefers a static partition.
+    pub partition: Option<String>,
+    pub partitions_held: Vec<u32>,
+    pub this_instance: bool,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PlanReady {
+    pub ready: Vec<Uuid>,
+}
+
+/// The writer of the plan file (seed 000).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WriterStatus {
+    pub write_thread_alive: bool,
+    pub write_thread_started: bool,
+    pub write_queue_size: usize,
+    pub write_queue_full: bool,
+    pub writes_ok: u64,
+    pub writes_failed: u64,
+    pub snapshots_dropped: u64,
+    pub last_write_at: Option<Timestamp>,
+    pub last_error: Option<String>,
+}
+
+impl From<crate::messages::writer::WriterStats> for WriterStatus {
+    fn from(stats: crate::messages::writer::WriterStats) -> WriterStatus {
+        WriterStatus {
+            write_thread_alive: stats.write_thread_alive,
+            write_thread_started: stats.write_thread_started,
+            write_queue_size: stats.write_queue_size,
+            write_queue_full: stats.write_queue_full,
+            writes_ok: stats.writes_ok,
+            writes_failed: stats.writes_failed,
+            snapshots_dropped: stats.snapshots_dropped,
+            last_write_at: stats.last_write_at.map(Timestamp),
+            last_error: stats.last_error,
+        }
+    }
+}
+
+/// Seed 004's queue statistics, seed 000's writer status, the plan's size.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Stats {
+    pub queue: QueueStats,
+    pub writer: WriterStatus,
+    pub plan: PlanStats,
+}
+
+/// The execution plan as the plan actor holds it, with each workflow's
+/// partition and owner and the reason it is held, if it is.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct PlanView {
+    pub saved_at: Timestamp,
+    /// Post-processes the database could not take yet.
+    #[schema(value_type = Vec<Object>)]
+    pub outbox: Vec<Value>,
+    pub workflows: Vec<PlanWorkflow>,
+    #[schema(value_type = Vec<Object>)]
+    pub brands: Vec<Value>,
+    #[schema(value_type = Vec<Object>)]
+    pub branches: Vec<Value>,
+    #[schema(value_type = Vec<Object>)]
+    pub rules: Vec<Value>,
+    #[schema(value_type = Vec<Object>)]
+    pub brand_rules: Vec<Value>,
+    #[schema(value_type = Vec<Object>)]
+    pub action_templates: Vec<Value>,
+    #[schema(value_type = Vec<Object>)]
+    pub action_details: Vec<Value>,
+    /// Rows kept out of the plan, with the field and reason.
+    #[serde(default)]
+    pub quarantined: Vec<RejectedRow>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct PlanWorkflow {
+    /// The branch rule as the plan holds it (times RFC 3339, secrets `***`).
+    #[schema(value_type = Object)]
+    pub branch_rule: Value,
+    pub locally_updated_at: Option<Timestamp>,
+    pub missing_since: Option<Timestamp>,
+    #[serde(default)]
+    pub partition: u32,
+    /// INSTANCE_ID holding the partition's lease, `null` when none does.
+    #[serde(default)]
+    pub partition_owner: Option<String>,
+    /// Why an operator must act before it runs again, if so.
+    #[serde(default)]
+    pub held: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::rows::{
+        ACTION_DETAILS, ACTION_TEMPLATES, BRANCH_RULES, BRANCHES, BRANDS, RULES, TableSpec,
+    };
+    use utoipa::PartialSchema;
+
+    /// The property names of a derived schema.
+    fn properties<T: PartialSchema>() -> Vec<String> {
+        let schema = serde_json::to_value(T::schema()).unwrap();
+        schema["properties"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .cloned()
+            .collect()
+    }
+
+    #[test]
+    fn views_cover_every_column() {
+        let cases: [(&TableSpec, Vec<String>); 6] = [
+            (&BRANDS, properties::<Brand>()),
+            (&BRANCHES, properties::<Branch>()),
+            (&RULES, properties::<Rule>()),
+            (&ACTION_TEMPLATES, properties::<ActionTemplate>()),
+            (&BRANCH_RULES, properties::<BranchRule>()),
+            (&ACTION_DETAILS, properties::<ActionDetail>()),
+        ];
+        for (spec, shown) in cases {
+            for (column, _) in spec.columns {
+                assert!(
+                    shown.iter().any(|p| p == column),
+                    "{}.{column} is not in its API view",
+                    spec.table
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_stored_row_reads_into_its_view_with_secrets_hidden() {
+        let row = serde_json::json!({
+            "id": "not-a-uuid", "name": "b", "settings": {"password": "p"},
+            "created_at": 0, "updated_at": 1, "created_by": null, "updated_by": "ops",
+            "archived_at": null,
+        });
+        let Value::Object(row) = row else {
+            unreachable!()
+        };
+        let brand: Brand = from_row(row).unwrap();
+        let shown = serde_json::to_value(&brand).unwrap();
+        assert_eq!(shown["settings"]["password"], secrets::MASK);
+        assert_eq!(shown["created_at"], "1970-01-01T00:00:00+00:00");
+        assert_eq!(shown["id"], "not-a-uuid");
+    }
+}
