@@ -1331,6 +1331,8 @@ pub async fn create_branch_rule(
     let mut positions = Vec::new();
     for (index, detail) in input.action_details.iter().flatten().enumerate() {
         let field = format!("action_details[{index}]");
+        check_position(detail.position)
+            .map_err(|_| ApiError::field(format!("{field}.position"), "must be 0 or more"))?;
         check_detail(&s, &field, detail.params.as_ref())?;
         let position = detail
             .position

@@ -16,6 +16,7 @@ use serde_json::json;
 use tracing::{error, info, warn};
 
 use super::i18n::{Locale, Message, english};
+use super::schema::ErrorCode;
 use crate::actors::AskError;
 use crate::store::StoreError;
 
@@ -95,32 +96,42 @@ impl ApiError {
     }
 
     fn status_and_code(&self) -> (StatusCode, &'static str) {
+        let (status, code) = self.status_and_error_code();
+        (status, code.as_str())
+    }
+
+    /// The status and the stable `code` ([`ErrorCode`], one of the
+    /// document's enum) of this error.
+    fn status_and_error_code(&self) -> (StatusCode, ErrorCode) {
         match self {
-            ApiError::InvalidField { .. } => (StatusCode::BAD_REQUEST, "invalid_field"),
-            ApiError::InvalidBody(_) => (StatusCode::BAD_REQUEST, "invalid_body"),
-            ApiError::InvalidPath(_) => (StatusCode::BAD_REQUEST, "invalid_path"),
+            ApiError::InvalidField { .. } => (StatusCode::BAD_REQUEST, ErrorCode::InvalidField),
+            ApiError::InvalidBody(_) => (StatusCode::BAD_REQUEST, ErrorCode::InvalidBody),
+            ApiError::InvalidPath(_) => (StatusCode::BAD_REQUEST, ErrorCode::InvalidPath),
             ApiError::InvalidQuery(_) | ApiError::InvalidQueryParameter { .. } => {
-                (StatusCode::BAD_REQUEST, "invalid_query")
+                (StatusCode::BAD_REQUEST, ErrorCode::InvalidQuery)
             }
-            ApiError::InvalidRequest(_) => (StatusCode::BAD_REQUEST, "invalid_request"),
-            ApiError::BodyTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "body_too_large"),
-            ApiError::UnsupportedMediaType(_) => {
-                (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type")
+            ApiError::InvalidRequest(_) => (StatusCode::BAD_REQUEST, ErrorCode::InvalidRequest),
+            ApiError::BodyTooLarge { .. } => {
+                (StatusCode::PAYLOAD_TOO_LARGE, ErrorCode::BodyTooLarge)
             }
-            ApiError::NotFound { .. } => (StatusCode::NOT_FOUND, "not_found"),
-            ApiError::NoRoute(_) => (StatusCode::NOT_FOUND, "no_route"),
+            ApiError::UnsupportedMediaType(_) => (
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                ErrorCode::UnsupportedMediaType,
+            ),
+            ApiError::NotFound { .. } => (StatusCode::NOT_FOUND, ErrorCode::NotFound),
+            ApiError::NoRoute(_) => (StatusCode::NOT_FOUND, ErrorCode::NoRoute),
             ApiError::MethodNotAllowed { .. } => {
-                (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed")
+                (StatusCode::METHOD_NOT_ALLOWED, ErrorCode::MethodNotAllowed)
             }
             ApiError::Conflict(_) | ApiError::DuplicateRow(_) | ApiError::ReferencedRow(_) => {
-                (StatusCode::CONFLICT, "conflict")
+                (StatusCode::CONFLICT, ErrorCode::Conflict)
             }
-            ApiError::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized"),
-            ApiError::ReadOnly => (StatusCode::FORBIDDEN, "read_only"),
+            ApiError::Unauthorized => (StatusCode::UNAUTHORIZED, ErrorCode::Unauthorized),
+            ApiError::ReadOnly => (StatusCode::FORBIDDEN, ErrorCode::ReadOnly),
             ApiError::Unavailable(_) | ApiError::DatabaseUnavailable(_) => {
-                (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
+                (StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable)
             }
-            ApiError::Store(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+            ApiError::Store(_) => (StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::Internal),
         }
     }
 

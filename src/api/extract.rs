@@ -484,7 +484,19 @@ mod tests {
 
     #[test]
     fn nul_and_oversized_integers_are_refused_by_field() {
-        assert_eq!(error_of(r#"{"name": "ok", "n": [1, -2, 3.5e300]}"#), None);
+        assert_eq!(
+            error_of(r#"{"name": "ok", "n": [1, -2, 3.5, 2.0, 1e3]}"#),
+            None
+        );
+        // A whole number is an integer however it is written.
+        let e = error_of(r#"{"n": 3.5e300}"#).unwrap();
+        assert!(e.starts_with("n: is an integer outside"), "{e}");
+        // The caller's own objects are stored as JSON text, where a NUL is
+        // an escape: allowed there, in keys and values.
+        assert_eq!(
+            error_of(r#"{"settings": {"k\u0000": "v\u0000"}, "params": ["\u0000"]}"#),
+            None
+        );
         assert_eq!(
             error_of(r#"{"n": 9223372036854775807, "m": -9223372036854775808}"#),
             None
@@ -493,7 +505,7 @@ mod tests {
         assert!(e.starts_with("name: must not contain a NUL"), "{e}");
         let e = error_of(r#"{"a": {"b": [0, {"c": 9223372036854775808}]}}"#).unwrap();
         assert!(e.starts_with("a.b[1].c: is an integer outside"), "{e}");
-        let e = error_of(r#"{"params": {"x\u0000": 1}}"#).unwrap();
+        let e = error_of(r#"{"name": {"x\u0000": 1}}"#).unwrap();
         assert!(e.contains("field name must not contain a NUL"), "{e}");
         let e = error_of(r#"{"k": "\\u0000 is text, not NUL", "s": "\"}"}"#);
         assert_eq!(e, None);
