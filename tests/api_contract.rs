@@ -139,6 +139,18 @@ both_backends!(
         .await;
         assert_envelope(&reply, StatusCode::BAD_REQUEST, "invalid_query");
         assert!(reply.error_message().contains("bogus"), "{}", reply.text);
+        // ...also where the route takes no query at all, and a typo of a
+        // parameter it does take.
+        for path in [
+            format!("/api/v1/brands/{}?bogus=1", uuid::Uuid::new_v4()),
+            "/api/v1/stats?bogus=1".to_string(),
+            "/api/v1/brands?limt=5".to_string(),
+        ] {
+            let reply = raw(&api, Method::GET, &path, &[], None).await;
+            assert_envelope(&reply, StatusCode::BAD_REQUEST, "invalid_query");
+            let name = path.rsplit('?').next().unwrap().split('=').next().unwrap();
+            assert!(reply.error_message().contains(name), "{}", reply.text);
+        }
 
         // JSON followed by junk.
         let reply = raw(

@@ -439,6 +439,32 @@ pub async fn require_token(
     response
 }
 
+/// Refuses a query parameter the operation does not declare (400 naming
+/// it), on every route: a route without query parameters would otherwise
+/// ignore it, and a client's typo (`?limt=5`) would pass unnoticed.
+pub async fn refuse_undeclared_query(req: Request<Body>, next: Next) -> Response {
+    let declared = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .and_then(|matched| {
+            super::routes::query_parameters(req.method().as_str(), matched.as_str())
+        });
+    if let (Some(declared), Some(query)) = (declared, req.uri().query()) {
+        for pair in query.split('&').filter(|pair| !pair.is_empty()) {
+            let name = pair.split_once('=').map_or(pair, |(name, _)| name);
+            let name = percent_decode(&name.replace('+', " ")).unwrap_or_else(|_| name.into());
+            if !declared.contains(&name) {
+                return ApiError::InvalidQueryParameter {
+                    parameter: name,
+                    message: english("detail.unknown_parameter"),
+                }
+                .into_response();
+            }
+        }
+    }
+    next.run(req).await
+}
+
 /// Whether the path takes this method; if not, the request goes on to the
 /// 405 (with `Allow`) without a token, since it can change nothing.
 fn routed(req: &Request<Body>) -> bool {

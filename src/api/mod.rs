@@ -106,6 +106,7 @@ pub fn router(state: ApiState) -> Router {
     let api = api
         .fallback(no_api_route)
         .method_not_allowed_fallback(method_not_allowed)
+        .route_layer(axum::middleware::from_fn(extract::refuse_undeclared_query))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             extract::require_token,

@@ -150,6 +150,34 @@ pub fn operations() -> Vec<(String, String)> {
         .collect()
 }
 
+/// The query parameters the document declares for `method` on the path
+/// template `path` (with or without [`PREFIX`]); None for an operation it
+/// does not have.
+pub fn query_parameters(method: &str, path: &str) -> Option<Vec<String>> {
+    let full = if path.starts_with(PREFIX) {
+        path.to_string()
+    } else {
+        format!("{PREFIX}{path}")
+    };
+    let method = method.to_ascii_lowercase();
+    let method = if method == "head" {
+        "get".into()
+    } else {
+        method
+    };
+    let operation = DOCUMENT.get("paths")?.get(&full)?.get(&method)?;
+    Some(
+        operation
+            .get("parameters")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter(|p| p["in"] == "query")
+            .filter_map(|p| p["name"].as_str().map(String::from))
+            .collect(),
+    )
+}
+
 /// The HTTP methods of an operation in a path item.
 const METHODS: [&str; 8] = [
     "get", "put", "post", "delete", "options", "head", "patch", "trace",
