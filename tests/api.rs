@@ -822,6 +822,55 @@ async fn openapi_lists_exactly_the_routes_served() {
     running.service.shutdown("test").await.unwrap();
 }
 
+/// The served document states this service's own settings: the action
+/// kinds it runs (`command` only when enabled) and the longest an action
+/// may wait (SCHEDULE_EXECUTION_TIMEOUT_SECONDS), and the server holds to
+/// what it states.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openapi_states_this_services_kinds_and_timeout() {
+    for commands in [false, true] {
+        let db = common::sqlite_db().await;
+        let (running, api) = start(&db, |c| Config {
+            command_actions_enabled: commands,
+            schedule_execution_timeout: Duration::from_secs(42),
+            ..c
+        })
+        .await;
+        let doc = api.get("/api/v1/openapi.json").await.json;
+        let kinds: Vec<&str> = doc["components"]["schemas"]["ActionKind"]["enum"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| k.as_str().unwrap())
+            .collect();
+        assert_eq!(kinds.contains(&"command"), commands, "{kinds:?}");
+        assert!(
+            kinds.contains(&"http") && kinds.contains(&"sleep"),
+            "{kinds:?}"
+        );
+        let timeout = &doc["components"]["schemas"]["ActionConfig"]["properties"]["timeout_ms"];
+        assert_eq!(timeout["maximum"], 42_000, "{timeout}");
+        // The server refuses exactly past the stated bound.
+        let template = |ms: u64| json!({ "name": "t", "kind": "sleep", "config": { "ms": ms } });
+        let at = api
+            .post("/api/v1/action-templates", &template(42_000))
+            .await;
+        assert_eq!(at.status, StatusCode::CREATED, "{}", at.text);
+        let past = api
+            .post("/api/v1/action-templates", &template(42_001))
+            .await;
+        assert_eq!(past.status, StatusCode::BAD_REQUEST, "{}", past.text);
+        let command = api
+            .post(
+                "/api/v1/action-templates",
+                &json!({ "name": "c", "kind": "command", "config": {} }),
+            )
+            .await;
+        assert_eq!(command.status.is_success(), commands, "{}", command.text);
+        running.service.shutdown("test").await.unwrap();
+    }
+}
+
 both_backends!(
     a_change_reaches_the_plan_within_a_second,
     tokio::test(flavor = "multi_thread", worker_threads = 2),

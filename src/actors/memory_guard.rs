@@ -276,6 +276,11 @@ mod tests {
             .with_ansi(false)
             .finish();
         let _logging = tracing::subscriber::set_default(subscriber);
+        // Other tests of this binary log on their threads with no
+        // subscriber; a callsite they reached first may have its interest
+        // cached as "never", which would hide this test's lines from its
+        // own subscriber now and then.
+        tracing::callsite::rebuild_interest_cache();
         let recorder = PrometheusBuilder::new().build_recorder();
         let exported = recorder.handle();
         let _metrics = metrics::set_default_local_recorder(&recorder);

@@ -57,19 +57,64 @@ impl ToSchema for Timestamp {}
 pub struct RequestTime(pub i64);
 
 impl RequestTime {
-    /// The year is checked as written (before its offset is applied), as
-    /// the document's pattern states it: `1970-01-01T00:00:00+05:00` is
-    /// accepted although it is a few hours before the epoch in UTC.
+    /// On the first day of 1970 and the last of 9999 the offset may not
+    /// point outside the range (`+hh:mm` on the first, `-hh:mm` on the
+    /// last), which keeps the rule one a pattern can state exactly.
     pub fn parse(text: &str) -> Result<RequestTime, String> {
         use chrono::Datelike;
         let time = chrono::DateTime::parse_from_rfc3339(text)
             .map_err(|e| format!("{text:?} is not an RFC 3339 time: {e}"))?;
-        if (1970..=9999).contains(&time.year()) {
-            Ok(RequestTime(time.timestamp_millis()))
+        let ms = time.timestamp_millis();
+        let local = time.naive_local().date();
+        let offset = time.offset().local_minus_utc();
+        let edge =
+            |year, month, day| (local.year(), local.month(), local.day()) == (year, month, day);
+        let inside = (EARLIEST_TIME_MS..=LATEST_TIME_MS).contains(&ms)
+            && !(edge(1970, 1, 1) && offset > 0)
+            && !(edge(9999, 12, 31) && offset < 0);
+        if inside {
+            Ok(RequestTime(ms))
         } else {
-            Err("must be between 1970-01-01T00:00:00Z and 9999-12-31T23:59:59Z".into())
+            Err(
+                "must be between 1970-01-01T00:00:00Z and 9999-12-31T23:59:59Z \
+                 (on those two days, in UTC or an offset towards the range)"
+                    .into(),
+            )
         }
     }
+}
+
+/// 1970-01-01T00:00:00Z to 9999-12-31T23:59:59.999Z in epoch ms.
+pub const EARLIEST_TIME_MS: i64 = 0;
+pub const LATEST_TIME_MS: i64 = 253_402_300_799_999;
+
+/// [`RequestTime`]'s pattern: an RFC 3339 time whose instant lies within
+/// 1970–9999 UTC. Inside the years 1971–9998 any offset will do; on the
+/// first day of 1970 only offsets that cannot move it before the epoch, on
+/// the last day of 9999 only those that cannot move it past the end.
+fn request_time_pattern() -> String {
+    const TIME: &str = r"T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?";
+    const ANY: &str = r"(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])";
+    const NOT_EARLIER: &str = r"(Z|[+-]00:00|-([01][0-9]|2[0-3]):[0-5][0-9])";
+    const NOT_LATER: &str = r"(Z|[+-]00:00|\+([01][0-9]|2[0-3]):[0-5][0-9])";
+    const MONTH: &str = "(0[1-9]|1[0-2])";
+    const DAY: &str = "(0[1-9]|[12][0-9]|3[01])";
+    const MIDDLE_YEARS: &str =
+        "(197[1-9]|19[89][0-9]|[2-8][0-9]{3}|9[0-8][0-9]{2}|99[0-8][0-9]|999[0-8])";
+    let dates = [
+        (format!("{MIDDLE_YEARS}-{MONTH}-{DAY}"), ANY),
+        (format!("1970-(0[2-9]|1[0-2])-{DAY}"), ANY),
+        ("1970-01-(0[2-9]|[12][0-9]|3[01])".to_string(), ANY),
+        ("1970-01-01".to_string(), NOT_EARLIER),
+        (format!("9999-(0[1-9]|1[01])-{DAY}"), ANY),
+        ("9999-12-(0[1-9]|[12][0-9]|30)".to_string(), ANY),
+        ("9999-12-31".to_string(), NOT_LATER),
+    ];
+    let alternatives: Vec<String> = dates
+        .iter()
+        .map(|(date, offset)| format!("{date}{TIME}{offset}"))
+        .collect();
+    format!("^({})$", alternatives.join("|"))
 }
 
 impl<'de> Deserialize<'de> for RequestTime {
@@ -87,13 +132,11 @@ impl Serialize for RequestTime {
 
 impl PartialSchema for RequestTime {
     fn schema() -> RefOr<Schema> {
-        // `date-time` is RFC 3339's; the pattern adds the years 1970 to
+        // `date-time` is RFC 3339's; the pattern adds the range 1970 to
         // 9999 (a year 0 would put millennia into the lag histogram).
         string_schema()
             .format(Some(SchemaFormat::KnownFormat(KnownFormat::DateTime)))
-            .pattern(Some(
-                r"^(19[7-9][0-9]|[2-9][0-9]{3})-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$",
-            ))
+            .pattern(Some(request_time_pattern()))
             .description(Some("RFC 3339, from 1970 to 9999"))
             .examples(["2026-03-29T01:30:00Z"])
             .into()
@@ -385,10 +428,42 @@ mod tests {
         // Year 0, as a client once sent it.
         assert!(read::<RequestTime>(r#""0000-01-01T00:00:00Z""#).is_err());
         assert!(read::<RequestTime>(r#""1969-12-31T23:59:59Z""#).is_err());
-        // The year as written counts, whatever the offset does to it.
-        assert!(read::<RequestTime>(r#""1970-01-01T00:00:00+05:00""#).is_ok());
-        assert!(read::<RequestTime>(r#""9999-12-31T23:59:59-05:00""#).is_ok());
-        assert!(read::<RequestTime>(r#""10000-01-01T00:00:00Z""#).is_err());
+        // The instant counts, whatever the offset.
+        assert!(read::<RequestTime>(r#""1970-01-01T00:00:00+05:00""#).is_err());
+        assert!(read::<RequestTime>(r#""9999-12-31T23:59:59-05:00""#).is_err());
+        assert!(read::<RequestTime>(r#""1970-01-01T00:00:00-05:00""#).is_ok());
+    }
+
+    proptest::proptest! {
+        /// The document's pattern for request times says exactly what the
+        /// server accepts, at the edges of 1970 and 9999 with any offset.
+        #[test]
+        fn the_request_time_pattern_is_what_the_server_accepts(
+            year in proptest::sample::select(vec![1969, 1970, 1971, 2026, 9998, 9999]),
+            month in 1u32..=12,
+            day in 1u32..=28,
+            (hour, minute) in (0u32..24, 0u32..60),
+            edge_day in proptest::bool::ANY,
+            offset in proptest::option::of((proptest::bool::ANY, 0u32..24, 0u32..60)),
+        ) {
+            let pattern = regex::Regex::new(&request_time_pattern()).unwrap();
+            // Often the first or last day of the year, where offsets matter.
+            let (month, day) = match (edge_day, year) {
+                (true, 1969..=1971) => (1, 1),
+                (true, _) => (12, 31),
+                _ => (month, day),
+            };
+            let offset = match offset {
+                None => "Z".to_string(),
+                Some((east, h, m)) => format!("{}{h:02}:{m:02}", if east { '+' } else { '-' }),
+            };
+            let text = format!("{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}:00{offset}");
+            proptest::prop_assert_eq!(
+                pattern.is_match(&text),
+                RequestTime::parse(&text).is_ok(),
+                "{}", text
+            );
+        }
     }
 
     #[test]
