@@ -163,27 +163,33 @@ both_backends!(
             "the sleep ran on"
         );
 
-        // History kept, rows hidden from listings and the plan, still
-        // readable by id with the time they were archived.
+        // History kept; the rows have left the catalog (a 404 by id that
+        // says so) and the plan, and are listed with ?archived=true, with
+        // the time they were archived.
         assert_eq!(executions(&api, &t.branch_rule).await.len(), 1);
         for (list, id) in [
             ("/api/v1/brands", &t.brand),
             ("/api/v1/branches", &t.branch),
             ("/api/v1/rules", &t.rule),
+            ("/api/v1/branch-rules", &t.branch_rule),
         ] {
             assert!(!listed(&api.get(list).await.json, id), "{list} lists {id}");
             let row = api.get(&format!("{list}/{id}")).await;
-            assert_eq!(row.status, 200);
-            assert!(row.json["archived_at"].is_string(), "{}", row.text);
+            assert_eq!(row.status, 404, "{}", row.text);
+            assert!(row.error_message().contains("archived"), "{}", row.text);
+            let archived = api.get(&format!("{list}?archived=true")).await.json;
+            assert!(listed(&archived, id), "{list}?archived=true omits {id}");
+            let shown = archived
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|row| row["id"] == id.as_str())
+                .unwrap();
+            assert!(
+                shown["archived_at"].is_string() || shown["is_archived"] == true,
+                "{shown}"
+            );
         }
-        let branch_rule = api
-            .get(&format!("/api/v1/branch-rules/{}", t.branch_rule))
-            .await;
-        assert_eq!(
-            branch_rule.json["is_archived"], true,
-            "{}",
-            branch_rule.text
-        );
         let id = Uuid::parse_str(&t.branch_rule).unwrap();
         assert!(!ready_ids(&running.service).await.contains(&id));
         // A row without history is deleted as before.
@@ -217,10 +223,8 @@ both_backends!(
         // The brand and branch are untouched; the branch rule is archived.
         assert!(listed(&api.get("/api/v1/brands").await.json, &t.brand));
         assert!(listed(&api.get("/api/v1/branches").await.json, &t.branch));
-        let branch_rule = api
-            .get(&format!("/api/v1/branch-rules/{}", t.branch_rule))
-            .await;
-        assert_eq!(branch_rule.json["is_archived"], true);
+        let archived = api.get("/api/v1/branch-rules?archived=true").await.json;
+        assert!(listed(&archived, &t.branch_rule), "{archived}");
         let history = executions(&api, &t.branch_rule).await;
         assert_eq!(history.len(), 1);
         assert_eq!(history[0]["status"], "completed");

@@ -222,9 +222,9 @@ async fn live_parent(
         None => Err(ApiError::Conflict(format!(
             "{field}: there is no {what} {id}"
         ))),
-        Some(row) if row.get("archived_at").is_some_and(|v| !v.is_null()) => Err(
-            ApiError::Conflict(format!("{field}: {what} {id} is archived")),
-        ),
+        Some(row) if is_archived(&row) => Err(ApiError::Conflict(format!(
+            "{field}: {what} {id} is archived"
+        ))),
         Some(row) => Ok(row),
     }
 }
@@ -269,6 +269,10 @@ pub struct PageQuery {
     /// `X-Next-Cursor` of the previous page.
     #[param(pattern = "^([0-9a-f]{2}){1,256}$")]
     cursor: Option<String>,
+    /// `true`: only the archived rows (kept for their history), instead
+    /// of the live ones.
+    #[serde(default)]
+    archived: bool,
 }
 
 /// The page size when `limit` is not given, and the most one may ask for.
@@ -353,7 +357,7 @@ async fn page_of(
         .transpose()?;
     let rows = state
         .store()
-        .rows_page(spec, filter, order, after.as_ref(), limit)
+        .rows_page(spec, filter, query.archived, order, after.as_ref(), limit)
         .await?;
     let full = i64::try_from(rows.len()).is_ok_and(|n| n >= limit);
     let next = rows.last().filter(|_| full).map(|last| {
@@ -405,18 +409,34 @@ fn views<T: DeserializeOwned>(rows: Vec<Map<String, Value>>) -> ApiResult<Vec<T>
 
 // ---- generic handlers ------------------------------------------------------
 
-async fn get_row(
+/// Whether a row was archived (`archived_at`, or a branch rule's
+/// `is_archived`).
+fn is_archived(row: &Map<String, Value>) -> bool {
+    row.get("archived_at").is_some_and(|v| !v.is_null())
+        || row.get("is_archived") == Some(&Value::Bool(true))
+}
+
+/// The row `id` of `spec`: 404 when there is none or it was archived (it
+/// has left the catalog; `?archived=true` lists it).
+pub(super) async fn get_row(
     state: &ApiState,
     spec: &TableSpec,
     what: &'static str,
     id: &str,
 ) -> ApiResult<Map<String, Value>> {
     let uuid = parse_id(what, id)?;
-    state
+    let row = state
         .store()
         .row(spec, uuid)
         .await?
-        .ok_or_else(|| ApiError::not_found(what, id))
+        .ok_or_else(|| ApiError::not_found(what, id))?;
+    if is_archived(&row) {
+        return Err(ApiError::Archived {
+            what,
+            id: id.to_string(),
+        });
+    }
+    Ok(row)
 }
 
 /// Who created a row is who last changed it, until someone else does.
@@ -456,6 +476,7 @@ async fn update_one(
     caller: &Caller,
 ) -> ApiResult<Map<String, Value>> {
     let uuid = parse_id(what, id)?;
+    get_row(state, spec, what, id).await?;
     keep_stored_secrets(state.store(), spec, id, &mut changes).await?;
     changes.insert("updated_at".into(), state.clock().now_ms().into());
     changes.insert("updated_by".into(), caller.name().into());
@@ -1063,8 +1084,6 @@ pub struct BranchRuleCreate {
     /// Defaults to `true`.
     #[serde(skip_serializing_if = "Option::is_none")]
     is_active: Option<bool>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    is_archived: Option<bool>,
     /// Opens the window, `HH:MM` in the branch's zone (with
     /// `operation_time_to`; a window may cross midnight).
     #[serde(
@@ -1106,8 +1125,6 @@ pub struct BranchRuleUpdate {
     brand_rule_id: Option<Uuid>,
     #[serde(skip_serializing_if = "Option::is_none")]
     is_active: Option<bool>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    is_archived: Option<bool>,
     #[serde(
         default,
         deserialize_with = "present_not_null",

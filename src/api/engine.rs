@@ -10,7 +10,7 @@ use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
 use super::ApiState;
-use super::catalog::{nudge, present_branch_rule, schedule_of_row};
+use super::catalog::{get_row, nudge, present_branch_rule, schedule_of_row};
 use super::error::{ApiError, ApiResult};
 use super::extract::ApiJson;
 use super::present::rfc3339;
@@ -39,12 +39,7 @@ fn parse_id(what: &'static str, text: &str) -> ApiResult<Uuid> {
 
 async fn branch_rule(s: &ApiState, id: &str) -> ApiResult<(Uuid, Map<String, Value>)> {
     let uuid = parse_id("branch rule", id)?;
-    let row = s
-        .store()
-        .row(&BRANCH_RULES, uuid)
-        .await?
-        .ok_or_else(|| ApiError::not_found("branch rule", id))?;
-    Ok((uuid, row))
+    Ok((uuid, get_row(s, &BRANCH_RULES, "branch rule", id).await?))
 }
 
 #[derive(Debug, Deserialize, ToSchema)]

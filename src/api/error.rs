@@ -47,6 +47,10 @@ pub enum ApiError {
     UnsupportedMediaType(String),
     #[error("{what} {id} not found")]
     NotFound { what: &'static str, id: String },
+    /// The row was archived (`DELETE …?cascade=archive`): it has left the
+    /// catalog, so it is not found, but its history is kept.
+    #[error("{what} {id} is archived")]
+    Archived { what: &'static str, id: String },
     #[error("no route {0}")]
     NoRoute(String),
     /// `allow` is the `Allow` header: the methods the path does take.
@@ -118,7 +122,9 @@ impl ApiError {
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 ErrorCode::UnsupportedMediaType,
             ),
-            ApiError::NotFound { .. } => (StatusCode::NOT_FOUND, ErrorCode::NotFound),
+            ApiError::NotFound { .. } | ApiError::Archived { .. } => {
+                (StatusCode::NOT_FOUND, ErrorCode::NotFound)
+            }
             ApiError::NoRoute(_) => (StatusCode::NOT_FOUND, ErrorCode::NoRoute),
             ApiError::MethodNotAllowed { .. } => {
                 (StatusCode::METHOD_NOT_ALLOWED, ErrorCode::MethodNotAllowed)
@@ -160,6 +166,9 @@ impl ApiError {
             }
             ApiError::NotFound { what, id } => {
                 Message::new("not_found").arg("what", *what).arg("id", id)
+            }
+            ApiError::Archived { what, id } => {
+                Message::new("archived").arg("what", *what).arg("id", id)
             }
             ApiError::NoRoute(route) => Message::new("no_route").arg("route", route),
             ApiError::MethodNotAllowed {
@@ -423,6 +432,10 @@ mod tests {
             ApiError::BodyTooLarge { limit: 1 },
             ApiError::UnsupportedMediaType("text/plain".into()),
             ApiError::not_found("brand", "x"),
+            ApiError::Archived {
+                what: "brand",
+                id: "x".into(),
+            },
             ApiError::NoRoute("x".into()),
             ApiError::MethodNotAllowed {
                 method: "PUT".into(),

@@ -448,12 +448,14 @@ pub struct PageKey {
 
 impl Store {
     /// At most `limit` rows after `after` in `order`, filtered as
-    /// [`Store::rows`] filters (without a filter, archived rows are left
-    /// out).
+    /// [`Store::rows`] filters. Without a filter (a listing) the live rows
+    /// are listed, or with `archived` only the archived ones (`archived_at`
+    /// set, or a branch rule's `is_archived`).
     pub async fn rows_page(
         &self,
         spec: &TableSpec,
         filter: Option<(&str, &Value)>,
+        archived: bool,
         order: PageOrder,
         after: Option<&PageKey>,
         limit: i64,
@@ -465,7 +467,17 @@ impl Store {
             // The column name was checked against the spec by `param`.
             clauses.push(format!("{column} = ${}", params.len()));
         } else if spec.kind_of("archived_at").is_some() {
-            clauses.push("archived_at IS NULL".to_string());
+            clauses.push(
+                if archived {
+                    "archived_at IS NOT NULL"
+                } else {
+                    "archived_at IS NULL"
+                }
+                .to_string(),
+            );
+        } else if spec.kind_of("is_archived").is_some() {
+            params.push(Param::Bool(Some(archived)));
+            clauses.push(format!("is_archived = ${}", params.len()));
         }
         let order_by = match order {
             PageOrder::Id => "id",
