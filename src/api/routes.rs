@@ -227,6 +227,18 @@ fn complete(document: &mut Value) {
     let Some(paths) = document.get_mut("paths").and_then(Value::as_object_mut) else {
         return;
     };
+    // Executions are made by the engine, not by a create: the listing is
+    // where a client finds one to read or cancel.
+    if let Some(listed) = paths
+        .get_mut(&format!("{PREFIX}/executions"))
+        .and_then(|item| item.pointer_mut("/get/responses/200"))
+    {
+        let first = json!({ "id": "$response.body#/items/0/id" });
+        listed["links"] = json!({
+            "get_execution": { "operationId": "get_execution", "parameters": first },
+            "cancel_execution": { "operationId": "cancel_execution", "parameters": first },
+        });
+    }
     // Links name operations of other paths, so they are read from a copy.
     let snapshot = Value::Object(paths.clone());
     let templates: Vec<String> = paths.keys().cloned().collect();
