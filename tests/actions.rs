@@ -5,20 +5,23 @@
 //! each test; command tests find their processes through a unique
 //! environment marker in /proc, so parallel tests never see each other's.
 
+mod common;
+
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use common::http::{read_request, serve};
 use ruled::actions::{
     ActionCall, ActionError, ActionFuture, ActionHandler, ActionOutput, ActionRegistry,
     ActionSettings, OUTPUT_CAP_BYTES, OUTPUT_TOTAL_CAP_BYTES, merge_config,
 };
 use ruled::model::{ActionDetail, ActionTemplate};
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
 use uuid::Uuid;
 
 const PERMISSIVE: ActionSettings = ActionSettings {
@@ -324,17 +327,13 @@ struct TestServer {
 }
 
 async fn start_server() -> TestServer {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let connections = Arc::new(AtomicUsize::new(0));
     let counter = connections.clone();
-    // Lives as long as the test's runtime.
-    tokio::spawn(async move {
-        while let Ok((socket, _)) = listener.accept().await {
-            counter.fetch_add(1, Ordering::SeqCst);
-            tokio::spawn(respond(socket));
-        }
-    });
+    let addr = serve(move |socket| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        respond(socket)
+    })
+    .await;
     TestServer { addr, connections }
 }
 
@@ -371,35 +370,6 @@ async fn respond(mut socket: TcpStream) {
 }
 
 /// The request head and body as text.
-async fn read_request(socket: &mut TcpStream) -> Option<String> {
-    let mut data = Vec::new();
-    let mut buf = [0u8; 4096];
-    let head_end = loop {
-        let n = socket.read(&mut buf).await.ok()?;
-        if n == 0 {
-            return None;
-        }
-        data.extend_from_slice(&buf[..n]);
-        if let Some(i) = data.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i + 4;
-        }
-    };
-    let head = String::from_utf8_lossy(&data[..head_end]).to_lowercase();
-    let length: usize = head
-        .lines()
-        .find_map(|l| l.strip_prefix("content-length:"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0);
-    while data.len() < head_end + length {
-        let n = socket.read(&mut buf).await.ok()?;
-        if n == 0 {
-            break;
-        }
-        data.extend_from_slice(&buf[..n]);
-    }
-    Some(String::from_utf8_lossy(&data).into_owned())
-}
-
 fn http(url: String) -> ActionCall {
     call("http", json!({ "url": url }))
 }

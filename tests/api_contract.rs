@@ -554,15 +554,6 @@ both_backends!(
     }
 );
 
-fn port_from(log: &str) -> Option<u16> {
-    let rest = log.split("listening on http://").nth(1)?;
-    let addr: String = rest
-        .chars()
-        .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
-        .collect();
-    addr.rsplit(':').next()?.parse().ok()
-}
-
 /// A run of 32 hex digits: ractor's service namespace, which the pretty
 /// format must not print (UUIDs have hyphens, so they never match).
 fn has_32_hex(line: &str) -> bool {
@@ -588,8 +579,7 @@ async fn pretty_logs_name_the_actor_and_the_audit_line_names_the_caller() {
         .stderr(std::fs::File::create(install.path("serve.log")).unwrap())
         .spawn()
         .unwrap();
-    install.wait_for_log("serve.log", "listening on http://");
-    let port = port_from(&install.log("serve.log")).expect("the log names the port");
+    let port = install.listening_addr("serve.log").port();
     let api = Api {
         base: format!("http://127.0.0.1:{port}"),
         client: client(),

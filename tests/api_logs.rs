@@ -11,15 +11,6 @@ use serde_json::{Value, json};
 const TOKEN: &str = "log-test-token";
 const SECRET: &str = "Bearer do-not-log-me";
 
-fn port_from(log: &str) -> Option<u16> {
-    let rest = log.split("listening on http://").nth(1)?;
-    let addr: String = rest
-        .chars()
-        .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
-        .collect();
-    addr.rsplit(':').next()?.parse().ok()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn job_log_lines_are_json_with_both_ids() {
     let install = Install::new();
@@ -33,8 +24,7 @@ async fn job_log_lines_are_json_with_both_ids() {
         .stderr(std::fs::File::create(install.path("serve.log")).unwrap())
         .spawn()
         .unwrap();
-    install.wait_for_log("serve.log", "listening on http://");
-    let port = port_from(&install.log("serve.log")).expect("the log names the port");
+    let port = install.listening_addr("serve.log").port();
     let api = Api {
         base: format!("http://127.0.0.1:{port}"),
         client: client(),

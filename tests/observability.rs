@@ -272,13 +272,7 @@ fn serve_demo(install: &Install, http_addr: &str, grace: &str) -> Reaped {
 
 /// The address the service logged it listens on.
 fn listening_on(install: &Install) -> String {
-    const NEEDLE: &str = "HTTP API listening on http://";
-    install.wait_for_log("serve.log", NEEDLE);
-    let log = install.log("serve.log");
-    let line = log.lines().find(|l| l.contains(NEEDLE)).unwrap();
-    line[line.find(NEEDLE).unwrap() + NEEDLE.len()..]
-        .trim()
-        .to_string()
+    install.listening_addr("serve.log").to_string()
 }
 
 fn stop(install: &Install, mut server: Reaped) {

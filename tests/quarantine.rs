@@ -68,13 +68,7 @@ fn serve(install: &Install) -> Child {
 }
 
 fn listening_on(install: &Install) -> String {
-    const NEEDLE: &str = "HTTP API listening on http://";
-    install.wait_for_log("serve.log", NEEDLE);
-    let log = install.log("serve.log");
-    let line = log.lines().find(|l| l.contains(NEEDLE)).unwrap();
-    line[line.find(NEEDLE).unwrap() + NEEDLE.len()..]
-        .trim()
-        .to_string()
+    install.listening_addr("serve.log").to_string()
 }
 
 async fn get(client: &reqwest::Client, url: &str) -> (u16, String) {

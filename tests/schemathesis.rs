@@ -92,21 +92,12 @@ fn serve_demo(install: &Install) -> (Reaped, u16) {
         .spawn()
         .unwrap();
     let server = Reaped(child);
-    const NEEDLE: &str = "HTTP API listening on http://";
-    install.wait_for_log("serve.log", NEEDLE);
-    let log = install.log("serve.log");
-    let addr: String = log
-        .split(NEEDLE)
-        .nth(1)
-        .unwrap()
-        .chars()
-        .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
-        .collect();
-    let port = addr
-        .strip_prefix("127.0.0.1:")
-        .and_then(|port| port.parse().ok())
-        .unwrap_or_else(|| panic!("ruled should listen on 127.0.0.1, it logged {addr:?}"));
-    (server, port)
+    let addr = install.listening_addr("serve.log");
+    assert!(
+        addr.ip().is_loopback(),
+        "ruled should listen on 127.0.0.1: {addr}"
+    );
+    (server, addr.port())
 }
 
 fn tail(text: &str, lines: usize) -> String {

@@ -17,10 +17,11 @@ use std::time::Duration;
 
 use common::api::{Api, Reply, client};
 use common::eventually;
+use common::http::{read_request, serve};
 use common::process::{Install, signal, wait_exit};
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
 
 const TOKEN: &str = "secrets-test-token";
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -74,14 +75,7 @@ fn assert_clean(what: &str, text: &str) {
 /// it carries the expected `Authorization` and `X-API-Key`, else 401: a
 /// response that echoes credentials, and a check that they were sent.
 async fn echo_server() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((socket, _)) = listener.accept().await {
-            tokio::spawn(echo(socket));
-        }
-    });
-    addr
+    serve(echo).await
 }
 
 async fn echo(mut socket: TcpStream) {
@@ -108,45 +102,7 @@ async fn echo(mut socket: TcpStream) {
     let _ = socket.shutdown().await;
 }
 
-async fn read_request(socket: &mut TcpStream) -> Option<String> {
-    let mut data = Vec::new();
-    let mut buf = [0u8; 4096];
-    let head_end = loop {
-        let n = socket.read(&mut buf).await.ok()?;
-        if n == 0 {
-            return None;
-        }
-        data.extend_from_slice(&buf[..n]);
-        if let Some(i) = data.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i + 4;
-        }
-    };
-    let head = String::from_utf8_lossy(&data[..head_end]).to_lowercase();
-    let length: usize = head
-        .lines()
-        .find_map(|l| l.strip_prefix("content-length:"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0);
-    while data.len() < head_end + length {
-        let n = socket.read(&mut buf).await.ok()?;
-        if n == 0 {
-            break;
-        }
-        data.extend_from_slice(&buf[..n]);
-    }
-    Some(String::from_utf8_lossy(&data).into_owned())
-}
-
 // ---- the service -----------------------------------------------------------
-
-fn port_from(log: &str) -> Option<u16> {
-    let rest = log.split("listening on http://").nth(1)?;
-    let addr: String = rest
-        .chars()
-        .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
-        .collect();
-    addr.rsplit(':').next()?.parse().ok()
-}
 
 /// Every answer the test saw, to be checked for secrets at the end.
 #[derive(Default)]
@@ -210,8 +166,7 @@ async fn secrets_stay_hidden(log_format: &str) {
         .stderr(std::fs::File::create(install.path("serve.log")).unwrap())
         .spawn()
         .unwrap();
-    install.wait_for_log("serve.log", "listening on http://");
-    let port = port_from(&install.log("serve.log")).expect("the log names the port");
+    let port = install.listening_addr("serve.log").port();
     let api = Api {
         base: format!("http://127.0.0.1:{port}"),
         client: client(),

@@ -35,6 +35,7 @@
 
 pub mod api;
 pub mod cluster;
+pub mod http;
 pub mod process;
 pub mod rules;
 pub mod service;

@@ -68,6 +68,21 @@ impl Install {
         std::fs::read_to_string(self.path(log_name)).unwrap_or_default()
     }
 
+    /// The address `ruled serve` logged it listens on, once it has (its
+    /// log is `log_name`).
+    pub fn listening_addr(&self, log_name: &str) -> std::net::SocketAddr {
+        const NEEDLE: &str = "HTTP API listening on http://";
+        self.wait_for_log(log_name, NEEDLE);
+        let log = self.log(log_name);
+        let rest = &log[log.find(NEEDLE).unwrap() + NEEDLE.len()..];
+        let addr: String = rest
+            .chars()
+            .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
+            .collect();
+        addr.parse()
+            .unwrap_or_else(|_| panic!("the log names no address: {addr:?}"))
+    }
+
     pub fn wait_for_log(&self, log_name: &str, needle: &str) {
         let deadline = Instant::now() + DEADLINE;
         while !self.log(log_name).contains(needle) {
