@@ -476,8 +476,8 @@ async fn update_one(
     caller: &Caller,
 ) -> ApiResult<Map<String, Value>> {
     let uuid = parse_id(what, id)?;
-    get_row(state, spec, what, id).await?;
-    keep_stored_secrets(state.store(), spec, id, &mut changes).await?;
+    let stored = get_row(state, spec, what, id).await?;
+    keep_stored_secrets(&stored, &mut changes)?;
     changes.insert("updated_at".into(), state.clock().now_ms().into());
     changes.insert("updated_by".into(), caller.name().into());
     if !state.store().update_row(spec, uuid, &changes).await? {

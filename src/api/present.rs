@@ -14,8 +14,6 @@ use serde_json::{Map, Value};
 use super::error::ApiError;
 use crate::actions::secrets;
 use crate::clock::millis_to_utc;
-use crate::store::Store;
-use crate::store::rows::TableSpec;
 
 pub use crate::actions::secrets::{MASK as REDACTED, is_secret_key};
 
@@ -46,27 +44,13 @@ const SECRET_COLUMNS: &[&str] = &["config", "params"];
 /// the stored row (see [`secrets::restore_masked`]), the stored value is
 /// kept. A `***` with nothing stored behind it is a 400 naming the field,
 /// and nothing is saved.
-pub async fn keep_stored_secrets(
-    store: &Store,
-    spec: &TableSpec,
-    id: &str,
+pub fn keep_stored_secrets(
+    stored: &Map<String, Value>,
     changes: &mut Map<String, Value>,
 ) -> Result<(), ApiError> {
-    let sends_mask = SECRET_COLUMNS.iter().any(|c| {
-        changes
-            .get(*c)
-            .is_some_and(|v| v.to_string().contains(REDACTED))
-    });
-    if !sends_mask {
-        return Ok(());
-    }
-    let stored = match uuid::Uuid::parse_str(id) {
-        Ok(uuid) => store.row(spec, uuid).await?,
-        Err(_) => None,
-    };
     for column in SECRET_COLUMNS {
         if let Some(value) = changes.get_mut(*column) {
-            let old = stored.as_ref().and_then(|row| row.get(*column));
+            let old = stored.get(*column);
             secrets::restore_masked(old, value, column).map_err(|field| {
                 ApiError::field(
                     field,
