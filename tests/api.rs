@@ -4,8 +4,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::api::{Api, Reply};
-use common::service::{RunningService, start_service_with};
+use common::api::{Api, Reply, id};
+use common::service::{RunningService, start_service_with, without_delays};
 use common::{TestDb, eventually};
 use reqwest::{Method, StatusCode};
 use ruled::config::Config;
@@ -16,11 +16,8 @@ const DEADLINE: Duration = Duration::from_secs(30);
 
 fn fast(config: Config) -> Config {
     Config {
-        master_grace_period: Duration::ZERO,
-        worker_cooldown: Duration::ZERO,
-        worker_stagger: Duration::ZERO,
         api_token: Some(TOKEN.into()),
-        ..config
+        ..without_delays(config)
     }
 }
 
@@ -29,14 +26,6 @@ async fn start(db: &TestDb, adjust: impl FnOnce(Config) -> Config) -> (RunningSe
     let running = start_service_with(&db.url, |c| adjust(fast(c))).await;
     let api = Api::new(&running.service);
     (running, api)
-}
-
-fn id(reply: &Reply) -> String {
-    assert!(reply.status.is_success(), "{} {}", reply.status, reply.text);
-    reply.json["id"]
-        .as_str()
-        .expect("an id at the top level")
-        .to_string()
 }
 
 /// brand → branch (in `zone`) → rule → template → branch rule with one

@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::TestDb;
-use common::api::{Api, Reply};
+use common::api::{Api, id};
 use common::service::{RunningService, start_service_with};
 use reqwest::{Method, StatusCode};
 use ruled::config::Config;
@@ -19,11 +19,6 @@ struct Fixture {
     rule: String,
     template: String,
     branch_rule: String,
-}
-
-fn id(reply: &Reply) -> String {
-    assert!(reply.status.is_success(), "{} {}", reply.status, reply.text);
-    reply.json["id"].as_str().unwrap().to_string()
 }
 
 async fn start(db: &TestDb) -> (RunningService, Api, Fixture) {

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::TestDb;
-use common::api::{Api, Reply};
+use common::api::{Api, id};
 use common::service::start_service_with;
 use reqwest::StatusCode;
 use ruled::actors::ask;
@@ -22,11 +22,6 @@ const TOKEN: &str = "flood-token";
 const CREATES: usize = 5_000;
 const CLIENTS: usize = 4;
 const REFRESH: Duration = Duration::from_secs(2);
-
-fn id(reply: &Reply) -> String {
-    assert!(reply.status.is_success(), "{} {}", reply.status, reply.text);
-    reply.json["id"].as_str().unwrap().to_string()
-}
 
 both_backends!(
     a_flood_of_creates_never_takes_the_instance_out_of_service,

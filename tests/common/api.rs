@@ -21,6 +21,16 @@ pub struct Reply {
     pub text: String,
 }
 
+/// The `id` of a created or fetched object, after checking the answer
+/// was a success.
+pub fn id(reply: &Reply) -> String {
+    assert!(reply.status.is_success(), "{} {}", reply.status, reply.text);
+    reply.json["id"]
+        .as_str()
+        .expect("an id at the top level")
+        .to_string()
+}
+
 impl Reply {
     /// The `error.code` of an error body, or "" when there is none.
     pub fn error_code(&self) -> &str {
