@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
 
-use crate::schedule::TimeOfDay;
+use crate::schedule::{Policy, TimeOfDay};
 
 /// UTC epoch milliseconds.
 pub type Millis = i64;
@@ -64,6 +64,9 @@ pub struct Rule {
     pub status: RuleStatus,
     pub cron_expression: String,
     pub settings: Value,
+    /// The scheduling policy of its branch rules, which may override it.
+    #[serde(default)]
+    pub policy: Option<Policy>,
     pub created_at: Millis,
     pub updated_at: Millis,
 }
@@ -109,6 +112,18 @@ pub struct BranchRule {
     pub lock_time: Option<Millis>,
     pub lock_epoch: i64,
     pub params: Value,
+    /// Overrides fields of its rule's policy.
+    #[serde(default)]
+    pub policy: Option<Policy>,
+    /// A retry is pending: the occurrence it retries. The next claim's
+    /// `scheduled_for` is this (not next_run_time, which holds the retry's
+    /// time), so every attempt of an occurrence shares its key.
+    #[serde(default)]
+    pub retry_of: Option<Millis>,
+    /// Failed attempts of the occurrence in `retry_of` that count against
+    /// `max_attempts` (lost ones do not).
+    #[serde(default)]
+    pub failed_attempts: i32,
     pub created_at: Millis,
     pub updated_at: Millis,
 }
@@ -170,10 +185,12 @@ pub enum ExecutionStatus {
     Failed,
     Cancelled,
     TimedOut,
+    /// The occurrence did not run, by policy; `error` says why (master).
+    Skipped,
 }
 
 impl ExecutionStatus {
-    pub const ALL: [ExecutionStatus; 7] = [
+    pub const ALL: [ExecutionStatus; 8] = [
         ExecutionStatus::Requested,
         ExecutionStatus::Scheduled,
         ExecutionStatus::Running,
@@ -181,6 +198,7 @@ impl ExecutionStatus {
         ExecutionStatus::Failed,
         ExecutionStatus::Cancelled,
         ExecutionStatus::TimedOut,
+        ExecutionStatus::Skipped,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -192,6 +210,7 @@ impl ExecutionStatus {
             ExecutionStatus::Failed => "failed",
             ExecutionStatus::Cancelled => "cancelled",
             ExecutionStatus::TimedOut => "timed_out",
+            ExecutionStatus::Skipped => "skipped",
         }
     }
 
@@ -209,6 +228,7 @@ impl ExecutionStatus {
                 | ExecutionStatus::Failed
                 | ExecutionStatus::Cancelled
                 | ExecutionStatus::TimedOut
+                | ExecutionStatus::Skipped
         )
     }
 }
@@ -259,14 +279,17 @@ pub enum RejectReason {
     Cron,
     Zone,
     Window,
+    /// A `policy` that is not valid JSON or has a bad field.
+    Policy,
 }
 
 impl RejectReason {
-    pub const ALL: [RejectReason; 4] = [
+    pub const ALL: [RejectReason; 5] = [
         RejectReason::Decode,
         RejectReason::Cron,
         RejectReason::Zone,
         RejectReason::Window,
+        RejectReason::Policy,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -275,6 +298,7 @@ impl RejectReason {
             RejectReason::Cron => "cron",
             RejectReason::Zone => "zone",
             RejectReason::Window => "window",
+            RejectReason::Policy => "policy",
         }
     }
 }

@@ -86,6 +86,7 @@ pub async fn load_demo(store: &Store, now: Millis) -> Result<DemoReport, Command
             status: RuleStatus::Active,
             cron_expression: cron.to_string(),
             settings: json!({}),
+            policy: None,
             created_at: now,
             updated_at: now,
         };
@@ -128,6 +129,9 @@ pub async fn load_demo(store: &Store, now: Millis) -> Result<DemoReport, Command
                 lock_time: None,
                 lock_epoch: 0,
                 params: json!({"branch": name}),
+                policy: None,
+                retry_of: None,
+                failed_attempts: 0,
                 created_at: now,
                 updated_at: now,
             };

@@ -41,6 +41,7 @@ impl Fixture {
             status: RuleStatus::Active,
             cron_expression: "*/5 * * * *".into(),
             settings: json!({}),
+            policy: None,
             created_at: 0,
             updated_at: 0,
         };
@@ -87,6 +88,9 @@ pub fn branch_rule(id: Uuid, branch_id: Uuid, rule_id: Uuid, next_run_time: Mill
         lock_time: None,
         lock_epoch: 0,
         params: serde_json::Value::Null,
+        policy: None,
+        retry_of: None,
+        failed_attempts: 0,
         created_at: 0,
         updated_at: 0,
     }

@@ -35,11 +35,16 @@
 
 mod cron;
 mod fields;
+mod policy;
 mod preview;
 mod window;
 mod zone;
 
 pub use cron::{CronSchedule, ScheduleCache, next_after, next_after_millis};
+pub use policy::{
+    Bounded, EffectivePolicy, Misfire, Overlap, Policy, SkipReason, DEFAULT_BACKOFF_MAX_SECONDS,
+    DEFAULT_BACKOFF_SECONDS, DEFAULT_CATCHUP_MAX, DEFAULT_MAX_ATTEMPTS,
+};
 pub use preview::preview;
 pub use window::{TimeOfDay, Window, window_contains};
 pub use zone::{local_time_of_day, next_window_open, parse_timezone};
