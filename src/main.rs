@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use ruled::clock::Clock;
-use ruled::commands::{demo, plan, preview};
+use ruled::commands::{demo, plan, preview, simulate};
 use ruled::config::{Config, LogFormat};
 use ruled::store::Store;
 
@@ -51,6 +51,41 @@ enum Command {
         /// How many runs to print.
         #[arg(long, default_value_t = 10)]
         count: usize,
+        /// A policy object, e.g. '{"misfire":"run_all","start_jitter_seconds":60}':
+        /// show what runs under it and which occurrences it skips.
+        #[arg(long)]
+        policy: Option<String>,
+    },
+    /// Run the scheduling decisions on a logical clock, with no wall clock
+    /// and no sleeping, and print each tick's decisions.
+    Simulate {
+        /// Start (tick 0), RFC 3339 UTC.
+        #[arg(long)]
+        from: String,
+        /// End (exclusive), RFC 3339 UTC.
+        #[arg(long)]
+        to: String,
+        /// Simulate the demo rules instead of the database's.
+        #[arg(long)]
+        demo: bool,
+        /// Milliseconds per tick: 1s, 100ms, 1m.
+        #[arg(long, default_value = "1s")]
+        resolution: String,
+        /// ruled is down for START/DURATION (2026-03-29T01:00Z/PT3H); repeatable.
+        #[arg(long)]
+        down: Vec<String>,
+        /// The share of runs that fail, 0 to 1.
+        #[arg(long)]
+        fail_rate: Option<f64>,
+        /// How long each run takes: 200ms, 90s.
+        #[arg(long)]
+        duration: Option<String>,
+        /// Seed of the failure model.
+        #[arg(long)]
+        seed: Option<u64>,
+        /// table or json.
+        #[arg(long, default_value = "table")]
+        format: String,
     },
 }
 
@@ -137,6 +172,7 @@ async fn run(command: Command, config: Config) -> anyhow::Result<()> {
             window,
             from,
             count,
+            policy,
         } => {
             let request = preview::PreviewRequest {
                 expression: &cron,
@@ -144,12 +180,44 @@ async fn run(command: Command, config: Config) -> anyhow::Result<()> {
                 window: window.as_deref(),
                 from: from.as_deref(),
                 count,
+                policy: policy.as_deref(),
             };
             for line in
                 preview::preview_lines(&request, config.default_timezone, chrono::Utc::now())?
             {
                 println!("{line}");
             }
+        }
+        Command::Simulate {
+            from,
+            to,
+            demo: use_demo,
+            resolution,
+            down,
+            fail_rate,
+            duration,
+            seed,
+            format,
+        } => {
+            let args = simulate::SimulateArgs {
+                from,
+                to,
+                resolution: Some(resolution),
+                down,
+                fail_rate,
+                duration,
+                seed,
+            };
+            let sim = simulate::simulation_of(&args, &config)?;
+            let plan = if use_demo {
+                ruled::plan::ExecutionPlan::from_data(demo::demo_data(sim.from)?)
+            } else {
+                plan::load_plan(&config).await?.0
+            };
+            let report = ruled::plan::simulate::simulate(plan, &sim)?;
+            let text = simulate::render(&report, &format)?;
+            use std::io::Write as _;
+            std::io::stdout().lock().write_all(text.as_bytes())?;
         }
     }
     Ok(())

@@ -57,9 +57,15 @@ pub const CATALOG_DELETES_REFUSED_TOTAL: &str = "ruled_catalog_deletes_refused_t
 // Quarantine of bad plan rows (DESIGN §5, hardening names).
 pub const PLAN_ROWS_REJECTED_TOTAL: &str = "ruled_plan_rows_rejected_total";
 
+// Scheduling policies (DESIGN §5, policy names).
+pub const OCCURRENCES_SKIPPED_TOTAL: &str = "ruled_occurrences_skipped_total";
+pub const RETRIES_TOTAL: &str = "ruled_retries_total";
+
 /// Every name above, for tests and docs.
 pub const ALL: &[&str] = &[
     PLAN_ROWS_REJECTED_TOTAL,
+    OCCURRENCES_SKIPPED_TOTAL,
+    RETRIES_TOTAL,
     PLAN_WORKFLOWS,
     PLAN_REFRESH_TOTAL,
     PLAN_REFRESH_DURATION_SECONDS,
@@ -106,6 +112,7 @@ pub const DB_ERROR_OPS: &[&str] = &[
     "recover_owner",
     "refresh",
     "renew_lock",
+    "skip",
     "stale_owners",
     "takeover",
 ];
@@ -129,6 +136,8 @@ const REJECTED_VALUE_SERIES: &[(&str, &str)] = &[
     ("brand_rules", "cron"),
     ("branches", "zone"),
     ("branch_rules", "window"),
+    ("rules", "policy"),
+    ("branch_rules", "policy"),
 ];
 
 /// The `kind` label values of [`PLAN_MERGE_CHANGES_TOTAL`].
@@ -142,7 +151,15 @@ pub fn describe_all() {
     );
     describe_counter!(
         PLAN_ROWS_REJECTED_TOTAL,
-        "Plan rows quarantined (kept out of the plan), by table and reason (decode, cron, zone, window); counted once when a row enters the quarantine."
+        "Plan rows quarantined (kept out of the plan), by table and reason (decode, cron, zone, window, policy); counted once when a row enters the quarantine."
+    );
+    describe_counter!(
+        OCCURRENCES_SKIPPED_TOTAL,
+        "Occurrences recorded skipped by policy, by reason (misfire, outside_window, catchup_window, catchup_max, overlap)."
+    );
+    describe_counter!(
+        RETRIES_TOTAL,
+        "Retries scheduled after a failed or timed-out run (policy max_attempts)."
     );
     describe_counter!(
         PLAN_REFRESH_TOTAL,
@@ -306,6 +323,10 @@ pub fn register_known_series() {
     gauge!(MEMORY_THROTTLE_ACTIVE).set(0.0);
     gauge!(PARTITION_LEASES_HELD).set(0.0);
     counter!(FAILOVERS_TOTAL).increment(0);
+    counter!(RETRIES_TOTAL).increment(0);
+    for reason in crate::schedule::SkipReason::ALL {
+        counter!(OCCURRENCES_SKIPPED_TOTAL, "reason" => reason.as_str()).increment(0);
+    }
     counter!(SELF_FENCES_TOTAL).increment(0);
     for table in ["brands", "branches", "rules", "branch_rules"] {
         counter!(CATALOG_ARCHIVED_TOTAL, "table" => table).increment(0);

@@ -15,18 +15,21 @@ use tracing::{debug, error, info, warn};
 use uuid::Uuid;
 
 use crate::actions::ActionRegistry;
-use crate::actors::worker::{WorkerActor, WorkerArgs, next_run_after};
+use crate::actors::worker::{WorkerActor, WorkerArgs, decided_finish, record_decision};
 use crate::actors::{Recorded, ask, ask_within, record_finish};
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::directory::Directory;
-use crate::lifecycle::{Claim, ClaimRequest, Fence, Finish, new_execution_id};
+use crate::lifecycle::{
+    Claim, ClaimRequest, Fence, Finish, RetryUpdate, SkipRequest, new_execution_id,
+};
 use crate::messages::master::{CancelOutcome, DrainReport, ForceStopOutcome, JobReport};
 use crate::messages::worker::{CancelReason, Job};
 use crate::messages::{MasterMsg, MemoryGuardMsg, PlanMsg, RefresherMsg, WorkerMsg};
 use crate::metrics as m;
 use crate::model::{ExecutionStatus, Millis};
-use crate::plan::JobSpec;
+use crate::plan::{Ending, JobSpec, decide_due, overlap_due};
+use crate::schedule::Overlap;
 use crate::queue::{DedupReason, JobQueue, WorkerPool};
 use crate::recovery;
 use crate::store::{Store, Transition, TransitionBatcher};
@@ -145,7 +148,7 @@ impl Actor for MasterActor {
             }
             MasterMsg::ClaimsDone(results) => {
                 state.claims_done(results).await;
-                state.dispatch().await;
+                state.dispatch(&myself).await;
                 state.publish_gauges();
             }
             MasterMsg::SpawnWorker => state.spawn_worker(&myself).await,
@@ -174,6 +177,7 @@ impl Actor for MasterActor {
             }
             MasterMsg::RenewQueuedClaims => state.renew_queued_claims().await,
             MasterMsg::SelfFence => state.self_fence(),
+            MasterMsg::OverlapDue { execution_id } => state.overlap_due(execution_id),
             MasterMsg::InjectPanic(reason) => panic!("{reason}"),
         }
         Ok(())
@@ -278,7 +282,7 @@ impl MasterState {
         } else {
             None
         };
-        self.dispatch().await;
+        self.dispatch(myself).await;
         let now = self.args.clock.now_ms();
         let queue_interval = fetch_interval.as_millis() as Millis;
         let wake_in = next_wake.map_or(queue_interval, |at| (at - now).clamp(0, queue_interval));
@@ -310,15 +314,20 @@ impl MasterState {
             if admitted.len() >= budget {
                 break;
             }
-            let id = spec.branch_rule.id;
+            let row = &spec.branch_rule;
+            let id = row.id;
             let check = if self.claiming.contains(&id) {
                 Err(DedupReason::Queued)
             } else {
                 self.queue
-                    .admit(id, now, spec.branch_rule.is_currently_running)
+                    .admit(id, now, row.is_currently_running, row.next_run_time)
             };
             match check {
-                Ok(()) => admitted.push(spec),
+                Ok(()) => {
+                    if let Some(spec) = self.apply_misfire_policy(spec, now).await {
+                        admitted.push(spec);
+                    }
+                }
                 Err(reason) => {
                     metrics::counter!(m::JOBS_DEDUPLICATED_TOTAL, "reason" => reason.as_str())
                         .increment(1);
@@ -329,6 +338,72 @@ impl MasterState {
             self.claim(myself, admitted, now);
         }
         ready.next_wake
+    }
+
+    /// The misfire policy and catch-up window on a ready rule's due
+    /// occurrences (see [`decide_due`]). An occurrence on time is claimed
+    /// as it stands, with no write; otherwise the skipped ones are
+    /// recorded and next_run_time moved in one write that holds only if
+    /// next_run_time is still what the plan showed. Returns the spec to
+    /// claim, if anything runs now.
+    async fn apply_misfire_policy(&mut self, mut spec: JobSpec, now: Millis) -> Option<JobSpec> {
+        let row = &spec.branch_rule;
+        let (Some(due), Some(cadence)) = (row.next_run_time, spec.cadence()) else {
+            return Some(spec);
+        };
+        let decision = decide_due(&cadence, due, row.retry_of, now);
+        if decision.is_plain(due) {
+            return Some(spec);
+        }
+        let id = row.id;
+        let request = SkipRequest {
+            branch_rule_id: id,
+            holder: self.args.config.instance_id.clone(),
+            expected_next_run_time: due,
+            next_run_time: decision.next_run_time.unwrap_or(due),
+            skipped: decision.skipped.clone(),
+            now,
+            lock_timeout_ms: self.args.config.schedule_lock_timeout.as_millis() as Millis,
+        };
+        let updated = match self.args.store.skip_occurrences(&request).await {
+            Ok(Some(updated)) => updated,
+            Ok(None) => {
+                debug!(branch_rule_id = %id, "Misfire decision not applied: the rule moved meanwhile");
+                return None;
+            }
+            Err(e) => {
+                metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "skip").increment(1);
+                warn!(branch_rule_id = %id, "Skipped occurrences not recorded; the rule waits for the next fetch: {e}");
+                return None;
+            }
+        };
+        for occurrence in &decision.skipped {
+            metrics::counter!(m::OCCURRENCES_SKIPPED_TOTAL, "reason" => occurrence.reason.as_str())
+                .increment(1);
+        }
+        if let Some(first) = decision.skipped.first() {
+            info!(
+                branch_rule_id = %id,
+                "⏭️ Skipped {} occurrence(s) of {id} from {} ({}: {}); {}",
+                decision.skipped.len(),
+                format_time(first.scheduled_for),
+                first.reason,
+                first.detail,
+                match decision.run {
+                    Some(run) => format!("runs the occurrence at {}", format_time(run)),
+                    None => format!(
+                        "next run {}",
+                        decision.next_run_time.map_or("none".to_string(), format_time)
+                    ),
+                }
+            );
+        }
+        if let Some(plan) = self.args.directory.plan() {
+            let _ = plan.cast(PlanMsg::PostProcessed(updated.clone()));
+        }
+        decision.run?;
+        spec.branch_rule = updated;
+        Some(spec)
     }
 
     /// Claims in the background: the claims share the store's group commit
@@ -410,7 +485,8 @@ impl MasterState {
                     .await;
                 continue;
             }
-            if self.queue.push(id, job).is_ok() {
+            let due = job.spec.branch_rule.next_run_time;
+            if self.queue.push(id, due, job).is_ok() {
                 claimed_ids.push(id);
                 info!(branch_rule_id = %id, %execution_id, "📥 Added job {id}");
             }
@@ -429,7 +505,7 @@ impl MasterState {
     /// queues its Running write behind it at once (the batcher keeps the
     /// order) and checks both outcomes, so neither the master nor the job
     /// waits for a commit of its own between the two states.
-    async fn dispatch(&mut self) {
+    async fn dispatch(&mut self, myself: &ActorRef<MasterMsg>) {
         let now = self.args.clock.now_ms();
         while !self.throttled && self.pool.idle_len() > 0 && self.queue.queued_len() > 0 {
             let Some((key, worker)) = self.pool.take_idle() else {
@@ -451,6 +527,7 @@ impl MasterState {
                 scheduled,
             };
             if worker.cast(run).is_ok() {
+                self.arm_overlap_cancel(myself, &job);
                 self.pool.assign(key, job);
             } else {
                 // The worker died between being idle and the handoff; its
@@ -459,6 +536,43 @@ impl MasterState {
                 self.queue.finish(job.branch_rule_id(), now);
                 self.release(&job, "worker gone at the handoff").await;
             }
+        }
+    }
+
+    /// `overlap: cancel_running`: when the next occurrence falls due while
+    /// this job still runs, the job is cancelled and that occurrence runs.
+    fn arm_overlap_cancel(&self, myself: &ActorRef<MasterMsg>, job: &Job) {
+        let Some(cadence) = job.spec.cadence() else {
+            return;
+        };
+        if cadence.policy.overlap != Overlap::CancelRunning {
+            return;
+        }
+        let execution = &job.execution;
+        let Some(at) = overlap_due(&cadence, execution.scheduled_for, execution.requested_at) else {
+            return;
+        };
+        let after = (at - self.args.clock.now_ms()).max(0) as u64;
+        let execution_id = execution.id;
+        myself.send_after(Duration::from_millis(after), move || {
+            MasterMsg::OverlapDue { execution_id }
+        });
+    }
+
+    fn overlap_due(&self, execution_id: Uuid) {
+        let busy = self
+            .pool
+            .busy()
+            .find(|(_, job)| job.execution_id() == execution_id);
+        if let Some((Some(worker), job)) = busy {
+            info!(
+                branch_rule_id = %job.branch_rule_id(), %execution_id,
+                "⏭️ The next occurrence fell due while this run still runs; overlap cancel_running cancels it"
+            );
+            let _ = worker.cast(WorkerMsg::Cancel {
+                execution_id,
+                reason: CancelReason::Overlap,
+            });
         }
     }
 
@@ -487,7 +601,7 @@ impl MasterState {
                 if self.started {
                     // A claimed job may be waiting for exactly this worker:
                     // hand it over now rather than at the next tick.
-                    self.dispatch().await;
+                    self.dispatch(myself).await;
                     self.schedule_tick(myself, Duration::ZERO);
                 }
             }
@@ -604,15 +718,18 @@ impl MasterState {
     /// someone else holds by now.
     async fn record_lost_job(&mut self, job: &Job, reason: &str) {
         let now = self.args.clock.now_ms();
-        let finish = Finish {
-            status: ExecutionStatus::Failed,
-            finished_at: now,
-            error: Some(format!("worker failed: {reason}")),
-            output: None,
-            next_run_time: next_run_after(job, now),
-            advance_last_run: true,
-        };
-        self.write_finish(job, finish).await;
+        let decision = decided_finish(job, &job.spec.schedule, Ending::Failed, now);
+        let (skipped, retry) = (decision.skipped.clone(), decision.retry_at());
+        let finish = decision.finish(
+            ExecutionStatus::Failed,
+            now,
+            Some(format!("worker failed: {reason}")),
+            None,
+            true,
+        );
+        if self.write_finish(job, finish).await {
+            record_decision(job, &skipped, retry);
+        }
     }
 
     /// The terminal write for a job that never reached a worker: the
@@ -625,17 +742,21 @@ impl MasterState {
             output: None,
             next_run_time: None,
             advance_last_run: false,
+            retry: RetryUpdate::Keep,
+            skipped: Vec::new(),
         };
         self.write_finish(job, finish).await;
     }
 
-    async fn write_finish(&mut self, job: &Job, finish: Finish) {
+    /// True when the write landed.
+    async fn write_finish(&mut self, job: &Job, finish: Finish) -> bool {
         let args = &self.args;
         let now = args.clock.now_ms();
         let recorded = record_finish(&args.batcher, &args.directory, &job.fence, finish, now).await;
-        if let Recorded::InOutbox(e) = recorded {
+        if let Recorded::InOutbox(e) = &recorded {
             warn!(branch_rule_id = %job.branch_rule_id(), execution_id = %job.execution_id(), "Terminal write kept in the outbox: {e}");
         }
+        matches!(recorded, Recorded::Landed)
     }
 
     /// Cancellation (seed 002): before the handoff the master owns the
@@ -648,15 +769,18 @@ impl MasterState {
             queued.and_then(|id| self.queue.remove_queued(id).map(|job| (id, job)))
         {
             let now = self.args.clock.now_ms();
-            let finish = Finish {
-                status: ExecutionStatus::Cancelled,
-                finished_at: now,
-                error: Some("cancelled before the handoff".to_string()),
-                output: None,
-                next_run_time: next_run_after(&job, now),
-                advance_last_run: false,
-            };
-            self.write_finish(&job, finish).await;
+            let decision = decided_finish(&job, &job.spec.schedule, Ending::Cancelled, now);
+            let (skipped, retry) = (decision.skipped.clone(), decision.retry_at());
+            let finish = decision.finish(
+                ExecutionStatus::Cancelled,
+                now,
+                Some("cancelled before the handoff".to_string()),
+                None,
+                false,
+            );
+            if self.write_finish(&job, finish).await {
+                record_decision(&job, &skipped, retry);
+            }
             self.queue.finish(branch_rule_id, now);
             metrics::counter!(m::JOBS_TOTAL, "outcome" => "cancelled").increment(1);
             info!(%branch_rule_id, %execution_id, "🛑 Cancelled before the handoff");
@@ -862,6 +986,10 @@ where
         }
     }
     outputs.into_iter().flatten().collect()
+}
+
+fn format_time(at: Millis) -> String {
+    crate::clock::millis_to_utc(at).to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
 /// How long a starting master waits for the memory guard's status.

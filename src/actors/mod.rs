@@ -92,19 +92,19 @@ pub(crate) async fn record_finish(
         Err(error) => {
             metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "finish").increment(1);
             if let Some(plan) = plan {
-                let advances = finish.next_run_time.is_some();
+                let local = finish.next_run_time.map(|next_run_time| PlanMsg::FinishedLocally {
+                    id: fence.branch_rule_id,
+                    next_run_time,
+                    retry: finish.retry,
+                });
                 let entry = OutboxEntry {
                     fence: fence.clone(),
                     finish,
                     added_at: now,
                 };
                 let _ = plan.cast(PlanMsg::AddOutbox(Box::new(entry)));
-                if advances {
-                    let _ = plan.cast(PlanMsg::ComputeNextRunLocally {
-                        id: fence.branch_rule_id,
-                        after: now,
-                        reply: None,
-                    });
+                if let Some(local) = local {
+                    let _ = plan.cast(local);
                 }
             }
             Recorded::InOutbox(error)

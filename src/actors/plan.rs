@@ -10,14 +10,16 @@ use crate::clock::{Clock, millis_to_utc};
 use crate::cluster::Ownership;
 use crate::config::Config;
 use crate::directory::Directory;
+use crate::lifecycle::RetryUpdate;
 use crate::messages::plan::{HeldWorkflow, QuarantineReport, ReadyJobs};
 use crate::messages::{MasterMsg, PlanMsg, RefresherMsg, WriterMsg};
 use crate::metrics as m;
 use crate::model::{Millis, PlanScope};
 use crate::persist::read_plan_file;
 use crate::plan::{
+    schedule_of,
     ExecutionPlan, MergeOptions, MergeReport, PlanStats, QuarantineChange, check_ready, job_spec,
-    local_next_run_time, merge, missed_windows, next_wake, ready_owned,
+    merge, missed_windows, next_wake, ready_owned,
 };
 use crate::schedule::ScheduleCache;
 
@@ -195,37 +197,41 @@ impl Actor for PlanActor {
                 state.mark_dirty(&myself);
                 state.notify_master();
             }
-            PlanMsg::ComputeNextRunLocally { id, after, reply } => {
-                let result = local_next_run_time(
-                    &state.plan,
-                    &id,
-                    after,
-                    state.config.default_timezone,
-                    &mut state.schedules,
+            PlanMsg::FinishedLocally {
+                id,
+                next_run_time,
+                retry,
+            } => {
+                let before = state
+                    .plan
+                    .get(&id)
+                    .and_then(|w| w.branch_rule.next_run_time);
+                state.plan.set_next_run_time(&id, next_run_time, now);
+                state.plan.update(&id, |w| {
+                    w.branch_rule.is_currently_running = false;
+                    w.running_here = false;
+                    match retry {
+                        RetryUpdate::Keep => {}
+                        RetryUpdate::Clear => {
+                            w.branch_rule.retry_of = None;
+                            w.branch_rule.failed_attempts = 0;
+                        }
+                        RetryUpdate::Pending {
+                            of,
+                            failed_attempts,
+                        } => {
+                            w.branch_rule.retry_of = Some(of);
+                            w.branch_rule.failed_attempts = failed_attempts;
+                        }
+                    }
+                });
+                info!(
+                    branch_rule_id = %id,
+                    "🔄 Updated workflow {id}: next_run_time {} → {} (computed locally)",
+                    format_time(before),
+                    format_time(Some(next_run_time))
                 );
-                if let Ok(next) = result {
-                    let before = state
-                        .plan
-                        .get(&id)
-                        .and_then(|w| w.branch_rule.next_run_time);
-                    state.plan.set_next_run_time(&id, next, now);
-                    state.plan.update(&id, |w| {
-                        w.branch_rule.is_currently_running = false;
-                        w.running_here = false;
-                    });
-                    info!(
-                        branch_rule_id = %id,
-                        "🔄 Updated workflow {id}: next_run_time {} → {} (computed locally)",
-                        format_time(before),
-                        format_time(Some(next))
-                    );
-                    state.mark_dirty(&myself);
-                } else if let Err(e) = &result {
-                    warn!(branch_rule_id = %id, "Cannot compute the next run locally: {e}");
-                }
-                if let Some(reply) = reply {
-                    let _ = reply.send(result);
-                }
+                state.mark_dirty(&myself);
             }
             PlanMsg::Merge(load, reply)
                 if !state.merged_once && load.data.scope != PlanScope::Full =>
@@ -251,10 +257,10 @@ impl Actor for PlanActor {
                 }
                 let _ = reply.send(report);
             }
-            PlanMsg::NextRunAfter { id, after, reply } => {
+            PlanMsg::ScheduleOf { id, reply } => {
                 let zone = state.config.default_timezone;
-                let next = local_next_run_time(&state.plan, &id, after, zone, &mut state.schedules);
-                let _ = reply.send(next);
+                let schedule = schedule_of(&state.plan, &id, zone, &mut state.schedules);
+                let _ = reply.send(schedule);
             }
             PlanMsg::Quarantine(reply) => {
                 let _ = reply.send(state.quarantine_report(now));

@@ -22,7 +22,10 @@ use crate::messages::worker::{CancelReason, Job, JobOutcome};
 use crate::messages::{MasterMsg, PlanMsg, WorkerMsg};
 use crate::metrics as m;
 use crate::model::{ExecutionStatus, Millis};
-use crate::plan::JobStep;
+use crate::lifecycle::{RetryUpdate, SkippedOccurrence};
+use crate::plan::{Ending, FinishDecision, JobStep, decide_finish};
+use crate::schedule::CronSchedule;
+use chrono_tz::Tz;
 use crate::store::{PendingTransition, Store, Transition, TransitionBatcher};
 use uuid::Uuid;
 
@@ -264,6 +267,8 @@ impl WorkerState {
                         output: None,
                         next_run_time: None,
                         advance_last_run: false,
+                        retry: RetryUpdate::Keep,
+                        skipped: Vec::new(),
                     };
                     let recorded =
                         record_finish(&args.batcher, &args.directory, &job.fence, finish, now)
@@ -349,16 +354,26 @@ impl WorkerState {
         warn!(%branch_rule_id, %execution_id, "🛑 Worker-{} dropped its job before it started: {reason:?}", self.args.number);
         if reason != CancelReason::LockLost {
             let now = self.args.clock.now_ms();
-            let finish = Finish {
-                status: ExecutionStatus::Cancelled,
-                finished_at: now,
-                error: Some(format!("cancelled before it started: {reason:?}")),
-                output: None,
-                next_run_time: match reason {
-                    CancelReason::Requested => next_run_after(&job, now),
-                    _ => None,
+            let finish = match reason.ending() {
+                // Nothing ran, and nothing asked for the occurrence to go:
+                // it runs again after the restart.
+                None => Finish {
+                    status: ExecutionStatus::Cancelled,
+                    finished_at: now,
+                    error: Some(format!("cancelled before it started: {reason:?}")),
+                    output: None,
+                    next_run_time: None,
+                    advance_last_run: false,
+                    retry: RetryUpdate::Keep,
+                    skipped: Vec::new(),
                 },
-                advance_last_run: false,
+                Some(ending) => decided_finish(&job, &job.spec.schedule, ending, now).finish(
+                    ExecutionStatus::Cancelled,
+                    now,
+                    Some(format!("cancelled before it started: {reason:?}")),
+                    None,
+                    false,
+                ),
             };
             let args = &self.args;
             let recorded =
@@ -414,7 +429,13 @@ impl WorkerState {
         let now = args.clock.now_ms();
         let execution_id = job.execution_id();
         let branch_rule_id = job.branch_rule_id();
-        let (next_run_time, no_next_run) = next_run_at_finish(&args.directory, &job, now).await;
+        let ending = match (outcome.status, current.cancel_reason) {
+            (ExecutionStatus::Cancelled, Some(reason)) => {
+                reason.ending().unwrap_or(Ending::Cancelled)
+            }
+            (status, _) => Ending::of(status),
+        };
+        let (decision, no_next_run) = decide_at_finish(&args.directory, &job, ending, now).await;
         let error = match (&outcome.error, &no_next_run) {
             (error, None) => error.clone(),
             (None, Some(problem)) => Some(problem.clone()),
@@ -423,17 +444,17 @@ impl WorkerState {
         if let Some(problem) = &no_next_run {
             warn!(%branch_rule_id, %execution_id, "⏸️ {problem}");
         }
-        let finish = Finish {
-            status: outcome.status,
-            finished_at: now,
+        let retry = decision.retry_at();
+        let finish = decision.finish(
+            outcome.status,
+            now,
             error,
-            output: Some(json!({
+            Some(json!({
                 "worker": format!("Worker-{}", args.number),
                 "steps": outcome.output,
             })),
-            next_run_time,
-            advance_last_run: true,
-        };
+            true,
+        );
         let elapsed = current.started.elapsed();
         if current.cancel_reason == Some(CancelReason::LockLost) {
             // Another owner holds the occurrence; our write would be fenced
@@ -442,8 +463,11 @@ impl WorkerState {
             self.report(&job, outcome.status);
             return;
         }
+        let finish_skipped = finish.skipped.clone();
         match record_finish(&args.batcher, &args.directory, &job.fence, finish, now).await {
-            Recorded::Landed => {}
+            Recorded::Landed => {
+                record_decision(&job, &finish_skipped, retry);
+            }
             Recorded::TakenOver => {
                 warn!(%branch_rule_id, %execution_id, "Result not recorded: the claim was taken over");
             }
@@ -474,73 +498,115 @@ impl WorkerState {
     }
 }
 
-/// The next occurrence strictly after `now`, from the expression and zone
-/// the job carries; `None` leaves next_run_time as it is, and the plan then
-/// holds the rule rather than run that occurrence again.
-pub fn next_run_after(job: &Job, now: Millis) -> Option<Millis> {
-    let (schedule, zone) = job.spec.schedule.as_ref().ok()?;
-    crate::schedule::next_after_millis(schedule, *zone, now).ok()
+/// The finish decision for a job from the schedule given (the plan's
+/// current one, or the one the job was fetched with) and the job's policy.
+pub fn decided_finish(
+    job: &Job,
+    schedule: &Result<(CronSchedule, Tz), String>,
+    ending: Ending,
+    now: Millis,
+) -> FinishDecision {
+    let spec = &job.spec;
+    let cadence = schedule
+        .as_ref()
+        .ok()
+        .map(|(schedule, zone)| spec.cadence_with(schedule, *zone));
+    decide_finish(
+        cadence.as_ref(),
+        &spec.policy,
+        &spec.branch_rule.id,
+        job.execution.scheduled_for,
+        spec.branch_rule.failed_attempts,
+        job.execution.requested_at,
+        now,
+        ending,
+    )
+}
+
+/// Logs and counts what a landed finish decided: the occurrences it
+/// recorded skipped and the retry it scheduled.
+pub(crate) fn record_decision(
+    job: &Job,
+    skipped: &[SkippedOccurrence],
+    retry: Option<(Millis, i32)>,
+) {
+    let (branch_rule_id, execution_id) = (job.branch_rule_id(), job.execution_id());
+    for occurrence in skipped {
+        metrics::counter!(m::OCCURRENCES_SKIPPED_TOTAL, "reason" => occurrence.reason.as_str())
+            .increment(1);
+        info!(
+            %branch_rule_id, %execution_id,
+            "⏭️ Skipped the occurrence at {} of {branch_rule_id}: {}: {}",
+            format_time(occurrence.scheduled_for), occurrence.reason, occurrence.detail
+        );
+    }
+    if let Some((at, number)) = retry {
+        metrics::counter!(m::RETRIES_TOTAL).increment(1);
+        info!(
+            %branch_rule_id, %execution_id,
+            "🔁 Retry {number} of the occurrence at {} of {branch_rule_id} at {}",
+            format_time(job.execution.scheduled_for),
+            format_time(at)
+        );
+    }
+}
+
+fn format_time(at: Millis) -> String {
+    crate::clock::millis_to_utc(at).to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
 /// How long a finish waits for the plan before it uses the schedule the
 /// job was fetched with: the write must not wait on a busy plan actor.
-const PLAN_NEXT_RUN_TIMEOUT: Duration = Duration::from_secs(2);
+const PLAN_SCHEDULE_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// The next run a job's finish writes, and the problem to record when the
-/// rule's current values give none (`no next run: invalid time zone …`).
+/// The finish decision, and the problem to record when the rule's current
+/// values give no next run (`no next run: invalid time zone …`).
 ///
 /// The plan's current rows decide, so a zone or cron changed while the
-/// job ran counts. When they give no next run, the rule is held by the plan
+/// job ran counts. When they give no schedule, the rule is held by the plan
 /// (quarantine) until they are fixed, and the schedule the job ran under
 /// still supplies the next run written: the occurrence that ran is never
-/// left due, and the rule resumes by itself once fixed. With neither,
-/// next_run_time stays and the plan holds the rule (`NoNextRun`).
-async fn next_run_at_finish(
+/// left due, and the rule resumes by itself once fixed. With neither, the
+/// finish clears next_run_time and the rule waits for an operator.
+async fn decide_at_finish(
     directory: &Directory,
     job: &Job,
+    ending: Ending,
     now: Millis,
-) -> (Option<Millis>, Option<String>) {
+) -> (FinishDecision, Option<String>) {
     let id = job.branch_rule_id();
     let current = match directory.plan() {
-        Some(plan) => crate::actors::ask_within(&plan, PLAN_NEXT_RUN_TIMEOUT, |reply| {
-            PlanMsg::NextRunAfter {
-                id,
-                after: now,
-                reply,
-            }
+        Some(plan) => crate::actors::ask_within(&plan, PLAN_SCHEDULE_TIMEOUT, |reply| {
+            PlanMsg::ScheduleOf { id, reply }
         })
         .await
         .ok(),
         None => None,
     };
-    let problem = match current {
-        Some(Ok(next)) => return (Some(next), None),
-        Some(Err(e)) => e.schedule_error().map(ToString::to_string),
-        // The plan is restarting or busy, or no longer knows the rule.
-        None => None,
-    };
-    let fetched = match &job.spec.schedule {
-        Ok((schedule, zone)) => {
-            crate::schedule::next_after_millis(schedule, *zone, now).map_err(|e| e.to_string())
-        }
-        Err(e) => Err(e.clone()),
-    };
-    match (fetched, problem) {
-        (Ok(next), None) => (Some(next), None),
-        (Ok(next), Some(problem)) => (
-            Some(next),
-            Some(format!(
-                "no next run: {problem}; the rule is held until it is fixed"
-            )),
+    let (schedule, problem) = match current {
+        Some(Ok(schedule)) => (Ok(schedule), None),
+        Some(Err(e)) => (
+            job.spec.schedule.clone(),
+            Some(e.schedule_error().map_or_else(|| e.to_string(), ToString::to_string)),
         ),
-        (Err(fetched), problem) => (
-            None,
-            Some(format!(
-                "no next run: {}; the rule is held until it is fixed",
-                problem.unwrap_or(fetched)
-            )),
-        ),
-    }
+        // The plan is restarting or busy: the schedule the job was fetched
+        // with stands in.
+        None => (job.spec.schedule.clone(), None),
+    };
+    let decision = decided_finish(job, &schedule, ending, now);
+    let retrying = decision.retry_at().is_some();
+    let problem = match (&schedule, problem) {
+        _ if retrying => None,
+        (Ok(_), None) => None,
+        (Ok(_), Some(problem)) => Some(format!(
+            "no next run: {problem}; the rule is held until it is fixed"
+        )),
+        (Err(fetched), problem) => Some(format!(
+            "no next run: {}; the rule is held until it is fixed",
+            problem.unwrap_or_else(|| fetched.clone())
+        )),
+    };
+    (decision, problem)
 }
 
 /// Runs the job's steps in position order; the first failure fails the

@@ -46,8 +46,10 @@ const RULES: [(&str, &str, DemoWindow); 3] = [
     ("Nightly close-out", "30 2 * * *", Some(("22:00", "06:00"))),
 ];
 
-pub async fn load_demo(store: &Store, now: Millis) -> Result<DemoReport, CommandError> {
-    let mut report = DemoReport::default();
+/// The demo rows, as a plan would hold them, with every branch rule due at
+/// `now`: what `load_demo` inserts and `ruled simulate --demo` runs.
+pub fn demo_data(now: Millis) -> Result<PlanData, CommandError> {
+    let mut data = PlanData::default();
     let brand = Brand {
         id: demo_id(0, 0),
         name: "Demo Coffee Co.".into(),
@@ -55,8 +57,6 @@ pub async fn load_demo(store: &Store, now: Millis) -> Result<DemoReport, Command
         created_at: now,
         updated_at: now,
     };
-    record(&mut report, store.insert_brand(&brand).await)?;
-
     let noop = ActionTemplate {
         id: demo_id(1, 0),
         name: "No-op".into(),
@@ -73,13 +73,10 @@ pub async fn load_demo(store: &Store, now: Millis) -> Result<DemoReport, Command
         created_at: now,
         updated_at: now,
     };
-    for template in [&noop, &pause] {
-        record(&mut report, store.insert_action_template(template).await)?;
-    }
-
-    let mut rules = Vec::new();
-    for (index, (name, cron, window)) in RULES.iter().enumerate() {
-        let rule = Rule {
+    for (index, (name, cron, _)) in RULES.iter().enumerate() {
+        // A demo rule with a broken expression would be a bug here.
+        CronSchedule::parse(cron)?;
+        data.rules.push(Rule {
             id: demo_id(2, index as u128),
             brand_id: Some(brand.id),
             name: name.to_string(),
@@ -89,12 +86,10 @@ pub async fn load_demo(store: &Store, now: Millis) -> Result<DemoReport, Command
             policy: None,
             created_at: now,
             updated_at: now,
-        };
-        record(&mut report, store.insert_rule(&rule).await)?;
-        rules.push((rule, *window));
+        });
     }
-
     for (b, (name, zone_name)) in BRANCHES.iter().enumerate() {
+        parse_timezone(zone_name)?;
         let branch = Branch {
             id: demo_id(3, b as u128),
             brand_id: brand.id,
@@ -104,11 +99,7 @@ pub async fn load_demo(store: &Store, now: Millis) -> Result<DemoReport, Command
             created_at: now,
             updated_at: now,
         };
-        record(&mut report, store.insert_branch(&branch).await)?;
-        parse_timezone(zone_name)?;
-        for (r, (rule, window)) in rules.iter().enumerate() {
-            // A demo rule with a broken expression would be a bug here.
-            CronSchedule::parse(&rule.cron_expression)?;
+        for (r, (rule, (_, _, window))) in data.rules.iter().zip(RULES.iter()).enumerate() {
             let parse = |t: &str| t.parse::<TimeOfDay>();
             let branch_rule = BranchRule {
                 id: demo_id(4, (b * 16 + r) as u128),
@@ -135,10 +126,9 @@ pub async fn load_demo(store: &Store, now: Millis) -> Result<DemoReport, Command
                 created_at: now,
                 updated_at: now,
             };
-            record(&mut report, store.insert_branch_rule(&branch_rule).await)?;
             let steps = [(noop.id, json!({})), (pause.id, json!({"ms": 50}))];
             for (position, (template_id, params)) in steps.into_iter().enumerate() {
-                let detail = ActionDetail {
+                data.action_details.push(ActionDetail {
                     id: demo_id(5, (b * 256 + r * 16 + position) as u128),
                     branch_rule_id: branch_rule.id,
                     action_template_id: template_id,
@@ -146,10 +136,37 @@ pub async fn load_demo(store: &Store, now: Millis) -> Result<DemoReport, Command
                     params,
                     created_at: now,
                     updated_at: now,
-                };
-                record(&mut report, store.insert_action_detail(&detail).await)?;
+                });
             }
+            data.branch_rules.push(branch_rule);
         }
+        data.branches.push(branch);
+    }
+    data.brands.push(brand);
+    data.action_templates = vec![noop, pause];
+    Ok(data)
+}
+
+pub async fn load_demo(store: &Store, now: Millis) -> Result<DemoReport, CommandError> {
+    let mut report = DemoReport::default();
+    let data = demo_data(now)?;
+    for brand in &data.brands {
+        record(&mut report, store.insert_brand(brand).await)?;
+    }
+    for template in &data.action_templates {
+        record(&mut report, store.insert_action_template(template).await)?;
+    }
+    for rule in &data.rules {
+        record(&mut report, store.insert_rule(rule).await)?;
+    }
+    for branch in &data.branches {
+        record(&mut report, store.insert_branch(branch).await)?;
+    }
+    for branch_rule in &data.branch_rules {
+        record(&mut report, store.insert_branch_rule(branch_rule).await)?;
+    }
+    for detail in &data.action_details {
+        record(&mut report, store.insert_action_detail(detail).await)?;
     }
     info!(
         inserted = report.inserted,

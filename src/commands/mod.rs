@@ -4,6 +4,7 @@
 pub mod demo;
 pub mod plan;
 pub mod preview;
+pub mod simulate;
 
 use crate::persist::PersistError;
 use crate::schedule::ScheduleError;

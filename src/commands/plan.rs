@@ -11,7 +11,8 @@ use crate::cluster::PartitionOwners;
 use crate::config::Config;
 use crate::model::Millis;
 use crate::persist::read_plan_file;
-use crate::plan::{ExecutionPlan, check_ready};
+use crate::plan::{ExecutionPlan, Workflow, check_ready, decide_due, job_spec};
+use crate::schedule::{EffectivePolicy, ScheduleCache};
 use crate::store::Store;
 
 /// Where the listed plan came from.
@@ -117,21 +118,94 @@ pub fn plan_lines(
             (Ok(()), Some((partition, None))) => {
                 format!("not ready: partition {partition} has no live owner")
             }
-            (Ok(()), _) => "READY".to_string(),
+            (Ok(()), _) => ready_verdict(plan, workflow, now, default_zone),
         };
+        let policy = policy_text(&plan.policy_of(workflow));
         let owned_by = match owner {
             Some((partition, Some(holder))) => format!("  partition {partition} on {holder}"),
             Some((partition, None)) => format!("  partition {partition} unowned"),
             None => String::new(),
         };
         lines.push(format!(
-            "{}  {} / {}  {next}{owned_by}  {verdict}",
+            "{}  {} / {}  {next}{owned_by}{policy}  {verdict}",
             row.id,
             branch.map_or_else(|| unknown(row.branch_id), |b| b.name.clone()),
             rule.map_or_else(|| unknown(row.rule_id), |r| r.name.clone()),
         ));
     }
     lines
+}
+
+/// READY, and what the misfire policy does with the due occurrences when
+/// more than the plain one is due.
+fn ready_verdict(plan: &ExecutionPlan, workflow: &Workflow, now: Millis, default_zone: Tz) -> String {
+    let mut schedules = ScheduleCache::default();
+    let Some(spec) = job_spec(plan, &workflow.id(), default_zone, &mut schedules) else {
+        return "READY".to_string();
+    };
+    let row = &spec.branch_rule;
+    let (Some(due), Some(cadence)) = (row.next_run_time, spec.cadence()) else {
+        return "READY".to_string();
+    };
+    let decision = decide_due(&cadence, due, row.retry_of, now);
+    if decision.is_plain(due) {
+        return match row.retry_of {
+            Some(occurrence) => format!(
+                "READY: attempt {} of the occurrence at {}",
+                row.failed_attempts + 1,
+                millis_to_utc(occurrence).to_rfc3339()
+            ),
+            None => "READY".to_string(),
+        };
+    }
+    let skipped = match decision.skipped.first() {
+        Some(first) => format!(
+            "{} missed occurrence(s) are recorded skipped ({}: {})",
+            decision.skipped.len(),
+            first.reason,
+            first.detail
+        ),
+        None => "nothing is skipped".to_string(),
+    };
+    match decision.run {
+        Some(run) => format!(
+            "READY: runs the occurrence at {}; {skipped}",
+            millis_to_utc(run).to_rfc3339()
+        ),
+        None => format!("not ready: misfire {}: {skipped}", cadence.policy.misfire.as_str()),
+    }
+}
+
+/// The policy's fields that differ from the defaults, or nothing.
+fn policy_text(policy: &EffectivePolicy) -> String {
+    let default = EffectivePolicy::default();
+    let mut parts = Vec::new();
+    if policy.misfire != default.misfire {
+        parts.push(format!("misfire={}", policy.misfire.as_str()));
+    }
+    if let Some(window) = policy.catchup_window_seconds {
+        parts.push(format!("catchup_window={window}s"));
+    }
+    if policy.catchup_max != default.catchup_max {
+        parts.push(format!("catchup_max={}", policy.catchup_max));
+    }
+    if policy.overlap != default.overlap {
+        parts.push(format!("overlap={}", policy.overlap.as_str()));
+    }
+    if policy.max_attempts != default.max_attempts {
+        parts.push(format!(
+            "max_attempts={} backoff={}s..{}s",
+            policy.max_attempts, policy.backoff_seconds, policy.backoff_max_seconds
+        ));
+    }
+    if policy.start_jitter_seconds > 0 {
+        parts.push(format!("start_jitter={}s", policy.start_jitter_seconds));
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!("  policy {}", parts.join(" "))
+    }
 }
 
 /// One line per quarantined row, before the workflows: the rows that are
@@ -169,8 +243,9 @@ mod tests {
 
     #[test]
     fn each_line_says_when_and_why() {
+        // 2027-01-15T08:00:00Z, an occurrence of the fixture's */5.
         let now = 1_800_000_000_000;
-        let mut fixture = Fixture::due(now - 1);
+        let mut fixture = Fixture::due(now);
         fixture.branch.timezone = Some("America/New_York".into());
         let ready_plan = fixture.plan();
         let lines = plan_lines(&ready_plan, now, chrono_tz::Asia::Riyadh, None);
@@ -184,6 +259,18 @@ mod tests {
         assert!(lines[1].ends_with("READY"), "{}", lines[1]);
         assert!(lines[1].contains("America/New_York"), "{}", lines[1]);
         assert!(lines[1].contains("branch / rule"), "{}", lines[1]);
+
+        // An hour late: the misfire policy's answer is on the line.
+        let mut late = Fixture::due(now - 3_600_000);
+        late.rule.policy =
+            crate::schedule::Policy::from_json_text(Some(r#"{"misfire":"skip"}"#)).unwrap();
+        let lines = plan_lines(&late.plan(), now, chrono_tz::UTC, None);
+        assert!(lines[1].contains("policy misfire=skip"), "{}", lines[1]);
+        assert!(
+            lines[1].contains("READY: runs the occurrence at 2027-01-15T08:00:00+00:00; 12 missed occurrence(s) are recorded skipped (misfire"),
+            "{}",
+            lines[1]
+        );
 
         fixture.branch.is_active = false;
         let held = fixture.plan();
@@ -214,8 +301,9 @@ mod tests {
 
     #[test]
     fn quarantined_rows_and_the_rules_they_hold_are_listed() {
+        // 2027-01-15T08:00:00Z, an occurrence of the fixture's */5.
         let now = 1_800_000_000_000;
-        let mut fixture = Fixture::due(now - 1);
+        let mut fixture = Fixture::due(now);
         fixture.branch.timezone = Some("Mars/Olympus".into());
         let load = crate::model::PlanLoad {
             data: fixture.data(),

@@ -4,7 +4,8 @@ use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
 
 use super::CommandError;
-use crate::schedule::{CronSchedule, Window, parse_timezone, preview};
+use crate::plan::simulate::{preview_under_policy, single_rule_plan};
+use crate::schedule::{CronSchedule, Policy, Window, next_after_millis, parse_timezone, preview};
 
 pub struct PreviewRequest<'a> {
     pub expression: &'a str,
@@ -13,6 +14,9 @@ pub struct PreviewRequest<'a> {
     /// RFC 3339; `None` means now.
     pub from: Option<&'a str>,
     pub count: usize,
+    /// A policy object (JSON): the preview then shows what runs under it,
+    /// and which occurrences it skips.
+    pub policy: Option<&'a str>,
 }
 
 /// The next runs, one line each: UTC, then local time with the zone's
@@ -37,6 +41,9 @@ pub fn preview_lines(
             .with_timezone(&Utc),
         None => now,
     };
+    if let Some(text) = request.policy {
+        return policy_lines(&schedule, zone, window, text, from, request.count);
+    }
     let runs = preview(&schedule, zone, window, from, request.count)?;
     Ok(runs
         .into_iter()
@@ -48,6 +55,58 @@ pub fn preview_lines(
                 local.format("%Y-%m-%dT%H:%M:%S%:z"),
                 local.format("%Z")
             )
+        })
+        .collect())
+}
+
+/// The preview under a policy: each run with its start time, and each
+/// skipped occurrence with the reason, in order.
+fn policy_lines(
+    schedule: &CronSchedule,
+    zone: Tz,
+    window: Option<Window>,
+    policy_text: &str,
+    from: DateTime<Utc>,
+    count: usize,
+) -> Result<Vec<String>, CommandError> {
+    let policy = Policy::from_json_text(Some(policy_text)).map_err(|message| {
+        CommandError::InvalidArgument {
+            field: "--policy",
+            message,
+        }
+    })?;
+    let from_ms = from.timestamp_millis();
+    let first = next_after_millis(schedule, zone, from_ms - 1)?;
+    let plan = single_rule_plan(
+        uuid::Uuid::nil(),
+        schedule.expression(),
+        zone,
+        window,
+        policy,
+        first,
+    );
+    let steps = preview_under_policy(plan, from_ms, count, zone).map_err(|e| {
+        CommandError::InvalidArgument {
+            field: "--from",
+            message: e.to_string(),
+        }
+    })?;
+    let text = |at: i64| {
+        let utc = crate::clock::millis_to_utc(at);
+        let local = utc.with_timezone(&zone);
+        format!(
+            "{}  {} {}",
+            utc.format("%Y-%m-%dT%H:%M:%SZ"),
+            local.format("%Y-%m-%dT%H:%M:%S%:z"),
+            local.format("%Z")
+        )
+    };
+    Ok(steps
+        .into_iter()
+        .map(|step| match step.starts_at {
+            Some(start) if start == step.occurrence => text(start),
+            Some(start) => format!("{}  (occurrence {})", text(start), text(step.occurrence)),
+            None => format!("{}  skipped: {}", text(step.occurrence), step.decision),
         })
         .collect())
 }
@@ -69,6 +128,7 @@ mod tests {
             window,
             from: Some(from),
             count,
+            policy: None,
         };
         preview_lines(&request, chrono_tz::UTC, Utc::now()).unwrap()
     }
@@ -101,6 +161,7 @@ mod tests {
             window: None,
             from: Some("yesterday"),
             count: 1,
+            policy: None,
         };
         let err = preview_lines(&request, chrono_tz::UTC, Utc::now()).unwrap_err();
         assert!(err.to_string().contains("--from"), "{err}");
@@ -110,5 +171,48 @@ mod tests {
             ..request
         };
         assert!(preview_lines(&request, chrono_tz::UTC, Utc::now()).is_err());
+    }
+
+    #[test]
+    fn a_policy_shows_what_runs_and_what_is_skipped() {
+        let preview = |policy: &str| {
+            let request = PreviewRequest {
+                expression: "0 * * * *",
+                timezone: Some("UTC"),
+                window: Some("09:00-11:00"),
+                from: Some("2026-06-01T08:00:00Z"),
+                count: 3,
+                policy: Some(policy),
+            };
+            preview_lines(&request, chrono_tz::UTC, Utc::now()).unwrap()
+        };
+        // 08:00 falls before the window (run_once: skipped, 09:00 runs);
+        // 11:00 … 08:00 the next day fall outside it.
+        let once = preview("{}");
+        assert_eq!(
+            once[..3],
+            [
+                "2026-06-01T08:00:00Z  2026-06-01T08:00:00+00:00 UTC  skipped: outside_window",
+                "2026-06-01T09:00:00Z  2026-06-01T09:00:00+00:00 UTC",
+                "2026-06-01T10:00:00Z  2026-06-01T10:00:00+00:00 UTC",
+            ]
+        );
+        assert_eq!(once.len(), 3 + 22 + 1);
+        assert_eq!(once[25], "2026-06-02T09:00:00Z  2026-06-02T09:00:00+00:00 UTC");
+        let all = preview(r#"{"misfire":"run_all"}"#);
+        assert_eq!(
+            all[0],
+            "2026-06-01T09:00:00Z  2026-06-01T09:00:00+00:00 UTC  (occurrence 2026-06-01T08:00:00Z  2026-06-01T08:00:00+00:00 UTC)"
+        );
+        let request = PreviewRequest {
+            expression: "0 * * * *",
+            timezone: Some("UTC"),
+            window: None,
+            from: None,
+            count: 1,
+            policy: Some(r#"{"max_attempts":0}"#),
+        };
+        let error = preview_lines(&request, chrono_tz::UTC, Utc::now()).unwrap_err();
+        assert!(error.to_string().contains("policy.max_attempts"), "{error}");
     }
 }

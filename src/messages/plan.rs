@@ -1,7 +1,11 @@
 use ractor::RpcReplyPort;
 use uuid::Uuid;
 
+use chrono_tz::Tz;
+
 use crate::cluster::Ownership;
+use crate::lifecycle::RetryUpdate;
+use crate::schedule::CronSchedule;
 use crate::model::{BranchRule, Millis, PlanLoad, RejectedRow};
 use crate::plan::{JobSpec, MergeReport, OutboxEntry, PlanError, PlanSnapshot, PlanStats};
 
@@ -30,13 +34,12 @@ pub enum PlanMsg {
     MarkRunning(Uuid, RpcReplyPort<bool>),
     /// The branch rule row the database returned after a job's post-process.
     PostProcessed(BranchRule),
-    /// The database could not be updated after a job: compute the next run
-    /// from the cron expression strictly after the given time, keep it
-    /// locally and clear the running flag (seed 000).
-    ComputeNextRunLocally {
+    /// The database could not be updated after a job: keep the finish's
+    /// next run and retry locally and clear the running flag (seed 000).
+    FinishedLocally {
         id: Uuid,
-        after: Millis,
-        reply: Option<RpcReplyPort<Result<Millis, PlanError>>>,
+        next_run_time: Millis,
+        retry: RetryUpdate,
     },
     /// A post-process write the database refused: keep it (saved with the
     /// plan file) until the refresher delivers it.
@@ -52,13 +55,12 @@ pub enum PlanMsg {
     /// Folds a fresh read of the database into the plan: its bad rows are
     /// quarantined (one WARN each, on entry), the rest is smart-merged.
     Merge(Box<PlanLoad>, RpcReplyPort<MergeReport>),
-    /// The next run of a workflow strictly after `after`, from the plan's
+    /// The cron schedule and zone a workflow runs on now, from the plan's
     /// current rows (the worker's finish: a value fixed or broken while
     /// the job ran counts). Changes nothing.
-    NextRunAfter {
+    ScheduleOf {
         id: Uuid,
-        after: Millis,
-        reply: RpcReplyPort<Result<Millis, PlanError>>,
+        reply: RpcReplyPort<Result<(CronSchedule, Tz), PlanError>>,
     },
     /// The quarantined rows and the workflows held back, with why.
     Quarantine(RpcReplyPort<QuarantineReport>),

@@ -35,6 +35,21 @@ pub enum CancelReason {
     Shutdown,
     /// Lock renewal found the lock gone: another owner may run it.
     LockLost,
+    /// The next occurrence fell due and the policy is `cancel_running`.
+    Overlap,
+}
+
+impl CancelReason {
+    /// How the occurrence ends for the policy decisions when this cancel
+    /// asked for it to go; `None` for cancels that are not about the
+    /// occurrence (shutdown, a lost lock).
+    pub fn ending(self) -> Option<crate::plan::Ending> {
+        match self {
+            CancelReason::Requested => Some(crate::plan::Ending::Cancelled),
+            CancelReason::Overlap => Some(crate::plan::Ending::CancelledByOverlap),
+            CancelReason::Shutdown | CancelReason::LockLost => None,
+        }
+    }
 }
 
 /// The result of a job's actions, before it is recorded.

@@ -4,11 +4,11 @@
 use chrono_tz::Tz;
 use uuid::Uuid;
 
-use super::{ExecutionPlan, NotReady, check_ready, schedule_of};
+use super::{Cadence, ExecutionPlan, NotReady, check_ready, schedule_of};
 use crate::clock::millis_to_utc;
 use crate::cluster::Ownership;
 use crate::model::{ActionDetail, ActionTemplate, BranchRule, Millis};
-use crate::schedule::{CronSchedule, ScheduleCache, Window, next_window_open};
+use crate::schedule::{CronSchedule, EffectivePolicy, ScheduleCache, Window, next_window_open};
 
 /// One action of a job: the detail and its template, in position order.
 #[derive(Debug, Clone, PartialEq)]
@@ -29,6 +29,29 @@ pub struct JobSpec {
     /// The expression and zone to compute the next run from after the job;
     /// `Err` explains why there is none (the job still runs and is recorded).
     pub schedule: Result<(CronSchedule, Tz), String>,
+    /// The policy in force: its own fields over its rule's.
+    pub policy: EffectivePolicy,
+}
+
+impl JobSpec {
+    /// The schedule as the policy decisions take it, when there is one.
+    pub fn cadence(&self) -> Option<Cadence<'_>> {
+        let (schedule, zone) = self.schedule.as_ref().ok()?;
+        Some(self.cadence_with(schedule, *zone))
+    }
+
+    /// This job's window and policy on `schedule` in `zone` (the plan's
+    /// current schedule at the finish, which may have changed).
+    pub fn cadence_with<'a>(&'a self, schedule: &'a CronSchedule, zone: Tz) -> Cadence<'a> {
+        let row = &self.branch_rule;
+        Cadence {
+            branch_rule_id: row.id,
+            schedule,
+            zone,
+            window: Window::from_bounds(row.operation_time_from, row.operation_time_to),
+            policy: &self.policy,
+        }
+    }
 }
 
 /// The job spec of one workflow, if the plan has it.
@@ -52,6 +75,7 @@ pub fn job_spec(
         branch_rule: workflow.branch_rule.clone(),
         steps,
         schedule: schedule_of(plan, id, default_zone, schedules).map_err(|e| e.to_string()),
+        policy: plan.policy_of(workflow),
     })
 }
 

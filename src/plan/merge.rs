@@ -132,7 +132,7 @@ pub fn merge(
             report.added += 1;
             continue;
         };
-        let indexed_before = indexed_time(local);
+        let indexed_before = indexed_time(&plan.rules, local);
         local.seen_generation = generation;
         let reappeared = local.missing_since.take().is_some();
         plan.missing -= reappeared as usize;
@@ -163,7 +163,7 @@ pub fn merge(
             local.branch_rule = row;
         }
 
-        let indexed_after = indexed_time(local);
+        let indexed_after = indexed_time(&plan.rules, local);
         if indexed_before != indexed_after {
             plan.reindex(id, indexed_before, indexed_after);
         }

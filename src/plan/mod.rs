@@ -6,12 +6,14 @@
 //! ready walks only the entries that are already due, in the deterministic
 //! order the master dispatches them.
 
+mod decide;
 mod jobs;
 mod merge;
 mod next_run;
 mod quarantine;
 mod ready;
 mod resolve;
+pub mod simulate;
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -19,12 +21,17 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::lifecycle::{Fence, Finish};
+use crate::schedule::EffectivePolicy;
 
 use crate::model::{
     ActionDetail, ActionTemplate, Branch, BranchRule, Brand, BrandRule, Millis, PlanData, PlanLoad,
     RejectedRow, Rule,
 };
 
+pub use decide::{
+    Cadence, DueDecision, Ending, FinishDecision, MAX_OCCURRENCES_PER_DECISION, MISFIRE_THRESHOLD_MS,
+    decide_due, decide_finish, overlap_due,
+};
 pub use jobs::{JobSpec, JobStep, job_spec, missed_windows, next_wake};
 pub use merge::{MergeOptions, MergeReport, NextRunChange, merge};
 pub use next_run::{PlanError, local_next_run_time, schedule_of};
@@ -259,7 +266,15 @@ impl ExecutionPlan {
     ) {
         self.brands = by_id(brands, |b| b.id);
         self.branches = by_id(branches, |b| b.id);
-        self.rules = by_id(rules, |r| r.id);
+        let rules = by_id(rules, |r| r.id);
+        let offsets_changed = rules.len() != self.rules.len()
+            || rules.iter().any(|(id, rule)| {
+                self.rules.get(id).map(|old| start_jitter(old)) != Some(start_jitter(rule))
+            });
+        self.rules = rules;
+        if offsets_changed {
+            self.rebuild_due_index();
+        }
         self.brand_rules = by_id(brand_rules, |r| r.id);
         self.action_templates = by_id(action_templates, |t| t.id);
         let mut grouped: HashMap<Uuid, Vec<ActionDetail>> = HashMap::new();
@@ -273,6 +288,32 @@ impl ExecutionPlan {
             details.sort_by_key(|d| (d.position, d.id));
         }
         self.action_details = grouped;
+    }
+
+    /// Every workflow's index entry again: a rule's start offset changed,
+    /// which moves all its branch rules. Rare (a policy edit), so a full
+    /// rebuild rather than tracking which workflows belong to which rule.
+    fn rebuild_due_index(&mut self) {
+        self.due_index = self
+            .workflows
+            .values()
+            .filter_map(|w| indexed_time(&self.rules, w).map(|at| (at, w.id())))
+            .collect();
+    }
+
+    /// The policy in force for a workflow: its own fields over its rule's.
+    pub fn policy_of(&self, workflow: &Workflow) -> EffectivePolicy {
+        let row = &workflow.branch_rule;
+        let rule = self.rules.get(&row.rule_id).and_then(|r| r.policy.as_ref());
+        EffectivePolicy::resolve(rule, row.policy.as_ref())
+    }
+
+    /// When the workflow's next occurrence may start: next_run_time plus
+    /// its start offset (a pending retry has none).
+    pub fn start_time(&self, workflow: &Workflow) -> Option<Millis> {
+        let row = &workflow.branch_rule;
+        row.next_run_time
+            .map(|at| at + start_offset(self.rules.get(&row.rule_id), row))
     }
 
     pub fn len(&self) -> usize {
@@ -363,7 +404,7 @@ impl ExecutionPlan {
     /// Inserts or replaces a workflow, keeping the due index in step.
     pub(crate) fn insert(&mut self, workflow: Workflow) {
         let id = workflow.id();
-        let index_at = indexed_time(&workflow);
+        let index_at = indexed_time(&self.rules, &workflow);
         self.missing += workflow.missing_since.is_some() as usize;
         if let Some(old) = self.workflows.insert(id, workflow) {
             self.forget(id, &old);
@@ -381,7 +422,7 @@ impl ExecutionPlan {
 
     /// Drops the index entry and missing count of a workflow no longer held.
     fn forget(&mut self, id: Uuid, old: &Workflow) {
-        if let Some(at) = indexed_time(old) {
+        if let Some(at) = indexed_time(&self.rules, old) {
             self.due_index.remove(&(at, id));
         }
         self.missing -= old.missing_since.is_some() as usize;
@@ -393,10 +434,10 @@ impl ExecutionPlan {
         let Some(workflow) = self.workflows.get_mut(id) else {
             return false;
         };
-        let before = indexed_time(workflow);
+        let before = indexed_time(&self.rules, workflow);
         let was_missing = workflow.missing_since.is_some();
         change(workflow);
-        let after = indexed_time(workflow);
+        let after = indexed_time(&self.rules, workflow);
         self.missing =
             self.missing + workflow.missing_since.is_some() as usize - was_missing as usize;
         if before != after {
@@ -545,12 +586,7 @@ impl ExecutionPlan {
     /// Held for a quarantined row or a next run that could not be computed
     /// (see [`NotReady::is_held`]), whatever the time.
     fn is_held(&self, workflow: &Workflow) -> bool {
-        let row = &workflow.branch_rule;
-        let ran_its_occurrence = matches!(
-            (row.next_run_time, row.last_run_time),
-            (Some(next), Some(last)) if next <= last
-        );
-        ran_its_occurrence
+        workflow.branch_rule.next_run_time.is_none()
             || (!self.quarantine.is_empty() && self.quarantined_dependency(workflow).is_some())
     }
 
@@ -564,14 +600,38 @@ impl ExecutionPlan {
 /// archived, inactive, force-stopped, removed and running ones would only
 /// lengthen the walk (a burst of claimed jobs would be walked past on
 /// every fetch until they finish).
-pub(crate) fn indexed_time(workflow: &Workflow) -> Option<Millis> {
+///
+/// Where a workflow sits in the due index: when it may start (its
+/// next_run_time plus its start offset), while it could run at all.
+pub(crate) fn indexed_time(rules: &HashMap<Uuid, Rule>, workflow: &Workflow) -> Option<Millis> {
     let row = &workflow.branch_rule;
     let could_run = row.is_active
         && !row.is_archived
         && !row.is_force_stopped
         && !row.is_currently_running
         && workflow.missing_since.is_none();
-    row.next_run_time.filter(|_| could_run)
+    let at = row.next_run_time.filter(|_| could_run)?;
+    Some(at + start_offset(rules.get(&row.rule_id), row))
+}
+
+/// The start offset (`start_jitter_seconds`) of a branch rule's
+/// occurrences; a pending retry keeps its own time.
+pub(crate) fn start_offset(rule: Option<&Rule>, row: &BranchRule) -> Millis {
+    if row.retry_of.is_some() {
+        return 0;
+    }
+    let rule_policy = rule.and_then(|r| r.policy.as_ref());
+    if rule_policy.is_none() && row.policy.is_none() {
+        return 0;
+    }
+    EffectivePolicy::resolve(rule_policy, row.policy.as_ref()).jitter_ms(&row.id)
+}
+
+fn start_jitter(rule: &Rule) -> Option<u64> {
+    rule.policy
+        .as_ref()
+        .and_then(|p| p.start_jitter_seconds)
+        .map(|s| s.get())
 }
 
 fn sorted_values<T: Clone>(map: &HashMap<Uuid, T>, id: impl Fn(&T) -> Uuid) -> Vec<T> {

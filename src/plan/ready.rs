@@ -32,6 +32,17 @@ pub enum NotReady {
     NotDue {
         next_run_time: Millis,
     },
+    /// Due, but its start offset (`start_jitter_seconds`) has not passed.
+    StartOffset {
+        next_run_time: Millis,
+        starts_at: Millis,
+    },
+    /// A failed occurrence waits for its retry (`max_attempts`).
+    RetryPending {
+        occurrence: Millis,
+        retry_at: Millis,
+        attempt: i64,
+    },
     InvalidTimezone {
         timezone: String,
     },
@@ -46,14 +57,6 @@ pub enum NotReady {
         id: String,
         message: String,
     },
-    /// Held: the occurrence at `next_run_time` already ran (at
-    /// `last_run_time`) and no next run could be computed after it. Never
-    /// runs the same occurrence twice; a new next_run_time (an API change
-    /// of the rule, branch or branch rule, or run now) resumes it.
-    NoNextRun {
-        next_run_time: Millis,
-        last_run_time: Millis,
-    },
 }
 
 impl NotReady {
@@ -63,7 +66,7 @@ impl NotReady {
         matches!(
             self,
             NotReady::Quarantined { .. }
-                | NotReady::NoNextRun { .. }
+                | NotReady::NoNextRunTime
                 | NotReady::InvalidTimezone { .. }
         )
     }
@@ -81,7 +84,10 @@ impl fmt::Display for NotReady {
             NotReady::BranchInactive => write!(f, "branch.is_active is false"),
             NotReady::RuleMissing => write!(f, "its rule is not in the plan"),
             NotReady::RuleInactive => write!(f, "rule.status is inactive"),
-            NotReady::NoNextRunTime => write!(f, "next_run_time is not set"),
+            NotReady::NoNextRunTime => write!(
+                f,
+                "held: next_run_time is not set (no next run could be computed; an API change of the rule, branch or branch rule, or run now, sets one)"
+            ),
             NotReady::NotDue { next_run_time } => {
                 write!(
                     f,
@@ -89,6 +95,26 @@ impl fmt::Display for NotReady {
                     millis_to_utc(*next_run_time).to_rfc3339()
                 )
             }
+            NotReady::StartOffset {
+                next_run_time,
+                starts_at,
+            } => write!(
+                f,
+                "due at {} but starts at {} (start_jitter_seconds offset {} ms)",
+                millis_to_utc(*next_run_time).to_rfc3339(),
+                millis_to_utc(*starts_at).to_rfc3339(),
+                starts_at - next_run_time
+            ),
+            NotReady::RetryPending {
+                occurrence,
+                retry_at,
+                attempt,
+            } => write!(
+                f,
+                "the occurrence at {} failed; attempt {attempt} runs at {}",
+                millis_to_utc(*occurrence).to_rfc3339(),
+                millis_to_utc(*retry_at).to_rfc3339()
+            ),
             NotReady::InvalidTimezone { timezone } => {
                 write!(f, "branch timezone {timezone:?} is not an IANA zone")
             }
@@ -98,15 +124,6 @@ impl fmt::Display for NotReady {
             NotReady::Quarantined { table, id, message } => {
                 write!(f, "held: {table} row {id} is quarantined: {message}")
             }
-            NotReady::NoNextRun {
-                next_run_time,
-                last_run_time,
-            } => write!(
-                f,
-                "held: the occurrence at {} already ran at {} and no next run could be computed",
-                millis_to_utc(*next_run_time).to_rfc3339(),
-                millis_to_utc(*last_run_time).to_rfc3339()
-            ),
         }
     }
 }
@@ -190,18 +207,22 @@ pub fn check_ready(
         return Err(NotReady::RuleInactive);
     }
     let next_run_time = row.next_run_time.ok_or(NotReady::NoNextRunTime)?;
-    // A finish that could not compute a next run leaves next_run_time at
-    // the occurrence it ran; running it again would repeat that occurrence.
-    if let Some(last_run_time) = row.last_run_time
-        && next_run_time <= last_run_time
-    {
-        return Err(NotReady::NoNextRun {
-            next_run_time,
-            last_run_time,
+    if next_run_time > now {
+        return Err(match row.retry_of {
+            Some(occurrence) => NotReady::RetryPending {
+                occurrence,
+                retry_at: next_run_time,
+                attempt: i64::from(row.failed_attempts) + 1,
+            },
+            None => NotReady::NotDue { next_run_time },
         });
     }
-    if next_run_time > now {
-        return Err(NotReady::NotDue { next_run_time });
+    let starts_at = next_run_time + super::start_offset(Some(rule), row);
+    if starts_at > now {
+        return Err(NotReady::StartOffset {
+            next_run_time,
+            starts_at,
+        });
     }
     if let Some(window) = Window::from_bounds(row.operation_time_from, row.operation_time_to) {
         let zone = plan.zone_of(workflow, default_zone)?;
@@ -547,23 +568,23 @@ mod tests {
     }
 
     #[test]
-    fn an_occurrence_that_already_ran_is_never_ready_again() {
+    fn a_rule_without_a_next_run_is_held_until_one_is_set() {
         let mut fixture = Fixture::due(NOW - 60_000);
-        // The finish could not compute a next run: next_run_time stayed at
-        // the occurrence that ran, last_run_time moved past it.
+        // The finish could not compute a next run: it cleared it.
+        fixture.branch_rule.next_run_time = None;
         fixture.branch_rule.last_run_time = Some(NOW - 30_000);
         let reason = reason(&fixture, NOW).unwrap_err();
-        assert_eq!(
-            reason,
-            NotReady::NoNextRun {
-                next_run_time: NOW - 60_000,
-                last_run_time: NOW - 30_000
-            }
-        );
-        assert!(reason.to_string().contains("already ran"), "{reason}");
-        assert_eq!(fixture.plan().stats(NOW).held, 1);
+        assert_eq!(reason, NotReady::NoNextRunTime);
+        assert!(reason.is_held(), "{reason}");
         // A new next run (run now, an API fix) resumes it.
         fixture.branch_rule.next_run_time = Some(NOW - 1);
+        assert_eq!(reason_of(&fixture, NOW), Ok(()));
+    }
+
+    #[test]
+    fn a_buffered_occurrence_before_the_last_run_is_ready() {
+        let mut fixture = Fixture::due(NOW - 60_000);
+        fixture.branch_rule.last_run_time = Some(NOW - 30_000);
         assert_eq!(reason_of(&fixture, NOW), Ok(()));
     }
 

@@ -21,7 +21,8 @@ pub enum DedupReason {
     Queued,
     /// A worker is running it.
     Active,
-    /// Finished within RECENTLY_PROCESSED_SECONDS.
+    /// Finished within RECENTLY_PROCESSED_SECONDS, and the plan still
+    /// shows the occurrence it ran as due.
     Recent,
     /// The plan says it is running.
     Running,
@@ -62,7 +63,10 @@ pub struct JobQueue<J> {
     queued: VecDeque<(Uuid, J)>,
     queued_ids: HashSet<Uuid>,
     active: HashMap<Uuid, Uuid>,
-    recently_processed: HashMap<Uuid, Millis>,
+    /// The due time each queued or active job was claimed at.
+    claimed_due: HashMap<Uuid, Millis>,
+    /// When each job finished, and the due time it was claimed at.
+    recently_processed: HashMap<Uuid, (Millis, Option<Millis>)>,
     recent_window_ms: Millis,
 }
 
@@ -72,14 +76,25 @@ impl<J> JobQueue<J> {
             queued: VecDeque::new(),
             queued_ids: HashSet::new(),
             active: HashMap::new(),
+            claimed_due: HashMap::new(),
             recently_processed: HashMap::new(),
             recent_window_ms,
         }
     }
 
     /// The four checks of seed 004, cheapest first. `Ok` means the rule may
-    /// be claimed and queued.
-    pub fn admit(&self, id: Uuid, now: Millis, running_in_plan: bool) -> Result<(), DedupReason> {
+    /// be claimed and queued. The recent check guards against a plan that
+    /// has not caught up with a finish: it refuses only while the plan still
+    /// shows the due time the finished job was claimed at (`due`). A new
+    /// due time (a retry, a buffered overlap, a catch-up run) is the
+    /// finish's own answer and runs at once.
+    pub fn admit(
+        &self,
+        id: Uuid,
+        now: Millis,
+        running_in_plan: bool,
+        due: Option<Millis>,
+    ) -> Result<(), DedupReason> {
         if self.queued_ids.contains(&id) {
             return Err(DedupReason::Queued);
         }
@@ -89,7 +104,9 @@ impl<J> JobQueue<J> {
         if self
             .recently_processed
             .get(&id)
-            .is_some_and(|&at| now - at < self.recent_window_ms)
+            .is_some_and(|&(at, ran)| {
+                now - at < self.recent_window_ms && (ran.is_none() || ran == due)
+            })
         {
             return Err(DedupReason::Recent);
         }
@@ -101,9 +118,12 @@ impl<J> JobQueue<J> {
 
     /// Queues a job; a rule already queued or active is refused (and the job
     /// handed back) so a race between two fetches cannot double it.
-    pub fn push(&mut self, id: Uuid, job: J) -> Result<(), J> {
+    pub fn push(&mut self, id: Uuid, due: Option<Millis>, job: J) -> Result<(), J> {
         if self.queued_ids.contains(&id) || self.active.contains_key(&id) {
             return Err(job);
+        }
+        if let Some(due) = due {
+            self.claimed_due.insert(id, due);
         }
         self.queued_ids.insert(id);
         self.queued.push_back((id, job));
@@ -162,7 +182,8 @@ impl<J> JobQueue<J> {
     /// the recent window.
     pub fn finish(&mut self, id: Uuid, now: Millis) -> bool {
         let was_active = self.active.remove(&id).is_some();
-        self.recently_processed.insert(id, now);
+        let due = self.claimed_due.remove(&id);
+        self.recently_processed.insert(id, (now, due));
         was_active
     }
 
@@ -171,7 +192,7 @@ impl<J> JobQueue<J> {
     pub fn prune(&mut self, now: Millis) {
         let window = self.recent_window_ms;
         self.recently_processed
-            .retain(|_, &mut at| now - at < window);
+            .retain(|_, &mut (at, _)| now - at < window);
     }
 
     pub fn active_execution(&self, id: &Uuid) -> Option<Uuid> {
@@ -219,47 +240,62 @@ mod tests {
     #[test]
     fn each_dedup_check_on_its_own() {
         let mut queue: JobQueue<&str> = JobQueue::new(30_000);
-        assert_eq!(queue.admit(id(1), 0, false), Ok(()));
-        assert_eq!(queue.admit(id(1), 0, true), Err(DedupReason::Running));
+        assert_eq!(queue.admit(id(1), 0, false, None), Ok(()));
+        assert_eq!(queue.admit(id(1), 0, true, None), Err(DedupReason::Running));
 
-        queue.push(id(1), "one").unwrap();
-        assert_eq!(queue.admit(id(1), 0, false), Err(DedupReason::Queued));
+        queue.push(id(1), None, "one").unwrap();
+        assert_eq!(queue.admit(id(1), 0, false, None), Err(DedupReason::Queued));
 
         let (started, job) = queue.start_next(|_| id(100)).unwrap();
         assert_eq!((started, job), (id(1), "one"));
-        assert_eq!(queue.admit(id(1), 0, false), Err(DedupReason::Active));
+        assert_eq!(queue.admit(id(1), 0, false, None), Err(DedupReason::Active));
         assert_eq!(queue.active_execution(&id(1)), Some(id(100)));
 
         assert!(queue.finish(id(1), 1_000));
-        assert_eq!(queue.admit(id(1), 30_999, false), Err(DedupReason::Recent));
-        assert_eq!(queue.admit(id(1), 31_000, false), Ok(()));
+        assert_eq!(queue.admit(id(1), 30_999, false, None), Err(DedupReason::Recent));
+        assert_eq!(queue.admit(id(1), 31_000, false, None), Ok(()));
+    }
+
+    #[test]
+    fn a_new_due_time_after_a_finish_is_admitted_at_once() {
+        let mut queue: JobQueue<&str> = JobQueue::new(30_000);
+        queue.push(id(1), Some(60_000), "one").unwrap();
+        queue.start_next(|_| id(100));
+        queue.finish(id(1), 61_000);
+        // The plan has not caught up: the occurrence that ran is refused.
+        assert_eq!(
+            queue.admit(id(1), 61_500, false, Some(60_000)),
+            Err(DedupReason::Recent)
+        );
+        // A retry or a buffered occurrence is the finish's own answer.
+        assert_eq!(queue.admit(id(1), 61_500, false, Some(62_000)), Ok(()));
     }
 
     #[test]
     fn fifo_order_and_no_doubles() {
         let mut queue: JobQueue<u32> = JobQueue::new(0);
         for n in 1..=3 {
-            queue.push(id(n), n as u32).unwrap();
+            queue.push(id(n), None, n as u32).unwrap();
         }
-        assert_eq!(queue.push(id(2), 99), Err(99));
+        assert_eq!(queue.push(id(2), None, 99), Err(99));
         let order: Vec<u32> =
             std::iter::from_fn(|| queue.start_next(|_| Uuid::nil()).map(|(_, j)| j)).collect();
         assert_eq!(order, vec![1, 2, 3]);
-        assert_eq!(queue.push(id(1), 7), Err(7), "active: refused");
+        assert_eq!(queue.push(id(1), None, 7), Err(7), "active: refused");
     }
 
     #[test]
     fn cancel_before_start_and_drain() {
         let mut queue: JobQueue<u32> = JobQueue::new(0);
         for n in 1..=4 {
-            queue.push(id(n), n as u32).unwrap();
+            queue.push(id(n), None, n as u32).unwrap();
         }
         assert_eq!(queue.queued(&id(3)), Some(&3));
         assert_eq!(queue.find_queued(|&job| job == 4), Some(id(4)));
         assert_eq!(queue.find_queued(|&job| job == 9), None);
         assert_eq!(queue.remove_queued(id(2)), Some(2));
         assert_eq!(queue.remove_queued(id(2)), None);
-        assert_eq!(queue.admit(id(2), 0, false), Ok(()));
+        assert_eq!(queue.admit(id(2), 0, false, None), Ok(()));
         let drained: Vec<u32> = queue.drain_queued().into_iter().map(|(_, j)| j).collect();
         assert_eq!(drained, vec![1, 3, 4]);
         assert!(queue.is_idle());
@@ -268,8 +304,8 @@ mod tests {
     #[test]
     fn stats_and_pruning() {
         let mut queue: JobQueue<u32> = JobQueue::new(10);
-        queue.push(id(1), 1).unwrap();
-        queue.push(id(2), 2).unwrap();
+        queue.push(id(1), None, 1).unwrap();
+        queue.push(id(2), None, 2).unwrap();
         queue.start_next(|_| id(50));
         let stats = queue.stats(10, 9);
         assert_eq!(stats.queue_size, 1);
@@ -279,6 +315,6 @@ mod tests {
         assert_eq!((stats.total_workers, stats.alive_workers), (10, 9));
         queue.finish(id(1), 0);
         queue.prune(10);
-        assert_eq!(queue.admit(id(1), 10, false), Ok(()));
+        assert_eq!(queue.admit(id(1), 10, false, None), Ok(()));
     }
 }

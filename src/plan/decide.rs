@@ -1,0 +1,573 @@
+//! The policy decisions (issue 13), one copy for the master, the worker's
+//! post-process, `ruled simulate` and `preview`. Pure: they take the
+//! schedule, the policy and the times, and say what runs and what is
+//! recorded skipped.
+//!
+//! Two moments decide:
+//! - [`decide_due`], when the master finds a rule ready: its due
+//!   occurrences (from next_run_time up to now) are the missed ones the
+//!   misfire policy and the catch-up window sort into one run and skips.
+//! - [`decide_finish`], when a run ends: a retry, or the next occurrence,
+//!   with the occurrences that fell due while it ran sorted by the overlap
+//!   policy.
+//!
+//! Between them every occurrence is consumed exactly once: the one that
+//! runs is the branch rule's next_run_time, those before it are recorded
+//! skipped, and the next decision starts after it.
+
+use chrono_tz::Tz;
+use uuid::Uuid;
+
+use crate::clock::millis_to_utc;
+use crate::lifecycle::{Finish, RetryUpdate, SkippedOccurrence};
+use crate::model::{ExecutionStatus, Millis};
+use crate::schedule::{
+    CronSchedule, EffectivePolicy, Misfire, Overlap, SkipReason, Window, local_time_of_day,
+    next_after_millis,
+};
+
+/// An occurrence later than this (past its due time and start offset) is
+/// missed, for `misfire: skip`: Quartz's default misfire threshold. Less
+/// late, it is merely slow, and runs.
+pub const MISFIRE_THRESHOLD_MS: Millis = 60_000;
+
+/// At most this many occurrences are sorted by one decision, so a rule
+/// that missed a year of minutes costs bounded work and one bounded write
+/// per decision; the rest are sorted by the next ones.
+pub const MAX_OCCURRENCES_PER_DECISION: usize = 1_000;
+
+/// A branch rule's schedule as the decisions need it.
+#[derive(Debug, Clone, Copy)]
+pub struct Cadence<'a> {
+    pub branch_rule_id: Uuid,
+    pub schedule: &'a CronSchedule,
+    pub zone: Tz,
+    pub window: Option<Window>,
+    pub policy: &'a EffectivePolicy,
+}
+
+impl Cadence<'_> {
+    fn next_after(&self, at: Millis) -> Option<Millis> {
+        next_after_millis(self.schedule, self.zone, at).ok()
+    }
+
+    /// When an occurrence may start: its due time plus the rule's offset.
+    pub fn start_of(&self, occurrence: Millis) -> Millis {
+        occurrence + self.policy.jitter_ms(&self.branch_rule_id)
+    }
+
+    fn outside_window(&self, occurrence: Millis) -> bool {
+        self.window.is_some_and(|window| {
+            !window.contains(local_time_of_day(
+                self.zone,
+                millis_to_utc(self.start_of(occurrence)),
+            ))
+        })
+    }
+}
+
+/// What the master does with a ready rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DueDecision {
+    /// Recorded `skipped`, oldest first.
+    pub skipped: Vec<SkippedOccurrence>,
+    /// The occurrence to claim now, if any.
+    pub run: Option<Millis>,
+    /// The branch rule's next_run_time after the decision: `run` when
+    /// something runs, else the first occurrence not yet due.
+    pub next_run_time: Option<Millis>,
+}
+
+impl DueDecision {
+    /// Nothing to record: the rule is claimed as it stands.
+    pub fn is_plain(&self, next_run_time: Millis) -> bool {
+        self.skipped.is_empty() && self.next_run_time == Some(next_run_time)
+    }
+}
+
+/// Sorts the due occurrences of a ready rule, from `next_run_time` up to
+/// `now`, by its misfire policy and catch-up window. A pending retry
+/// (`retry_of`) is not a cron occurrence: it runs as it stands.
+pub fn decide_due(
+    cadence: &Cadence<'_>,
+    next_run_time: Millis,
+    retry_of: Option<Millis>,
+    now: Millis,
+) -> DueDecision {
+    let plain = DueDecision {
+        skipped: Vec::new(),
+        run: Some(next_run_time),
+        next_run_time: Some(next_run_time),
+    };
+    if retry_of.is_some() {
+        return plain;
+    }
+    let policy = cadence.policy;
+    let mut due = Vec::new();
+    let mut upcoming = Some(next_run_time);
+    while let Some(at) = upcoming {
+        if cadence.start_of(at) > now || due.len() == MAX_OCCURRENCES_PER_DECISION {
+            break;
+        }
+        due.push(at);
+        upcoming = cadence.next_after(at);
+    }
+    if due.len() <= 1 && policy.catchup_window_seconds.is_none() && policy.misfire != Misfire::Skip
+    {
+        return plain;
+    }
+    let lateness = |at: Millis| now - cadence.start_of(at);
+    let expired = |at: Millis| {
+        policy
+            .catchup_window_seconds
+            .is_some_and(|window| lateness(at) > window as Millis * 1000)
+    };
+    let missed = |at: Millis| {
+        if cadence.outside_window(at) {
+            SkipReason::OutsideWindow
+        } else {
+            SkipReason::Misfire
+        }
+    };
+    let more_due = upcoming.is_some_and(|at| cadence.start_of(at) <= now);
+    let candidates: Vec<Millis> = due.iter().copied().filter(|at| !expired(*at)).collect();
+    let run = if more_due {
+        // Past the per-decision bound: these are all older than what is
+        // still due, so none of them is the one to run.
+        None
+    } else {
+        match policy.misfire {
+            Misfire::RunOnce => candidates.last().copied(),
+            Misfire::Skip => candidates
+                .last()
+                .copied()
+                .filter(|at| lateness(*at) <= MISFIRE_THRESHOLD_MS),
+            Misfire::RunAll => {
+                let keep = candidates.len().min(policy.catchup_max as usize);
+                candidates.get(candidates.len() - keep).copied()
+            }
+        }
+    };
+    let mut skipped = Vec::new();
+    for &at in due.iter().take_while(|at| Some(**at) != run) {
+        let (reason, detail) = if expired(at) {
+            (
+                SkipReason::CatchupWindow,
+                format!(
+                    "{} s late, past catchup_window_seconds {}",
+                    lateness(at) / 1000,
+                    policy.catchup_window_seconds.unwrap_or_default()
+                ),
+            )
+        } else if policy.misfire == Misfire::RunAll {
+            (
+                SkipReason::CatchupMax,
+                format!(
+                    "misfire run_all runs the latest {} missed occurrence(s)",
+                    policy.catchup_max
+                ),
+            )
+        } else {
+            let reason = missed(at);
+            let detail = match (policy.misfire, run) {
+                (Misfire::RunOnce, Some(ran)) => format!(
+                    "missed; misfire run_once runs the occurrence at {} in its place",
+                    rfc3339(ran)
+                ),
+                _ => format!(
+                    "missed by {} s; misfire {}",
+                    lateness(at) / 1000,
+                    policy.misfire.as_str()
+                ),
+            };
+            (reason, detail)
+        };
+        skipped.push(SkippedOccurrence {
+            scheduled_for: at,
+            reason,
+            detail: match reason {
+                SkipReason::OutsideWindow => format!(
+                    "outside the window {}; {detail}",
+                    cadence.window.map(|w| w.to_string()).unwrap_or_default()
+                ),
+                _ => detail,
+            },
+        });
+    }
+    let next_run_time = run.or(upcoming);
+    DueDecision {
+        skipped,
+        run,
+        next_run_time,
+    }
+}
+
+/// How a run ended, as the finish decision needs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    Completed,
+    /// Failed or timed out: retried while attempts are left.
+    Failed,
+    /// Cancelled by an operator: not retried; the schedule goes on.
+    Cancelled,
+    /// Cancelled because the next occurrence fell due (`cancel_running`):
+    /// that occurrence runs next.
+    CancelledByOverlap,
+}
+
+impl Ending {
+    pub fn of(status: ExecutionStatus) -> Ending {
+        match status {
+            ExecutionStatus::Failed | ExecutionStatus::TimedOut => Ending::Failed,
+            ExecutionStatus::Cancelled => Ending::Cancelled,
+            _ => Ending::Completed,
+        }
+    }
+}
+
+/// What the post-process writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FinishDecision {
+    /// `None` leaves next_run_time as it is (no next run computable).
+    pub next_run_time: Option<Millis>,
+    pub retry: RetryUpdate,
+    /// Occurrences that fell due while the run ran and do not run.
+    pub skipped: Vec<SkippedOccurrence>,
+}
+
+impl FinishDecision {
+    /// The post-process write of this decision.
+    pub fn finish(
+        self,
+        status: ExecutionStatus,
+        finished_at: Millis,
+        error: Option<String>,
+        output: Option<serde_json::Value>,
+        advance_last_run: bool,
+    ) -> Finish {
+        Finish {
+            status,
+            finished_at,
+            error,
+            output,
+            next_run_time: self.next_run_time,
+            advance_last_run,
+            retry: self.retry,
+            skipped: self.skipped,
+        }
+    }
+
+    /// The retry this finish schedules: (its time, its number from 1).
+    pub fn retry_at(&self) -> Option<(Millis, i32)> {
+        match self.retry {
+            RetryUpdate::Pending {
+                failed_attempts, ..
+            } => self.next_run_time.map(|at| (at, failed_attempts)),
+            _ => None,
+        }
+    }
+}
+
+/// The end of the run of `occurrence`, claimed at `claimed_at` with
+/// `failed_attempts` failures of it behind it. `cadence` is `None` when no
+/// next run can be computed (the finish clears next_run_time and the rule
+/// is held, see `NoNextRunTime`).
+pub fn decide_finish(
+    cadence: Option<&Cadence<'_>>,
+    policy: &EffectivePolicy,
+    branch_rule_id: &Uuid,
+    occurrence: Millis,
+    failed_attempts: i32,
+    claimed_at: Millis,
+    finished_at: Millis,
+    ending: Ending,
+) -> FinishDecision {
+    let failures = failed_attempts.max(0) + 1;
+    if ending == Ending::Failed && (failures as u32) < policy.max_attempts {
+        let delay = policy.backoff_ms(branch_rule_id, occurrence, failures as u32);
+        return FinishDecision {
+            next_run_time: Some(finished_at + delay),
+            retry: RetryUpdate::Pending {
+                of: occurrence,
+                failed_attempts: failures,
+            },
+            skipped: Vec::new(),
+        };
+    }
+    let mut decision = FinishDecision {
+        next_run_time: None,
+        retry: RetryUpdate::Clear,
+        skipped: Vec::new(),
+    };
+    let Some(cadence) = cadence else {
+        return decision;
+    };
+    let mut upcoming = cadence.next_after(occurrence);
+    // Due before the run began: the misfire policy sorts it, at the next
+    // fetch.
+    if upcoming.is_none_or(|at| cadence.start_of(at) <= claimed_at) {
+        decision.next_run_time = upcoming;
+        return decision;
+    }
+    let mut overlapped = Vec::new();
+    while let Some(at) = upcoming {
+        if cadence.start_of(at) > finished_at || overlapped.len() == MAX_OCCURRENCES_PER_DECISION {
+            break;
+        }
+        overlapped.push(at);
+        upcoming = cadence.next_after(at);
+    }
+    let overlap = match ending {
+        Ending::CancelledByOverlap => Overlap::CancelRunning,
+        _ => cadence.policy.overlap,
+    };
+    // The newest waits, so the one after it was never consumed.
+    let buffered = match overlap {
+        Overlap::Skip => None,
+        Overlap::BufferOne | Overlap::CancelRunning => overlapped.last().copied(),
+    };
+    for &at in overlapped.iter().filter(|at| Some(**at) != buffered) {
+        decision.skipped.push(SkippedOccurrence {
+            scheduled_for: at,
+            reason: SkipReason::Overlap,
+            detail: format!(
+                "fell due while the run of {} was running; overlap {}",
+                rfc3339(occurrence),
+                overlap.as_str()
+            ),
+        });
+    }
+    decision.next_run_time = buffered.or(upcoming);
+    decision
+}
+
+/// When a run of `occurrence` claimed at `claimed_at` is overlapped: the
+/// first later occurrence that falls due after the claim. `cancel_running`
+/// cancels the run then.
+pub fn overlap_due(cadence: &Cadence<'_>, occurrence: Millis, claimed_at: Millis) -> Option<Millis> {
+    let mut at = cadence.next_after(occurrence)?;
+    for _ in 0..MAX_OCCURRENCES_PER_DECISION {
+        if cadence.start_of(at) > claimed_at {
+            return Some(cadence.start_of(at));
+        }
+        at = cadence.next_after(at)?;
+    }
+    None
+}
+
+fn rfc3339(at: Millis) -> String {
+    millis_to_utc(at).to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::{TimeZone, Utc};
+
+    const ID: Uuid = Uuid::from_u128(0xAB);
+
+    fn at(h: u32, m: u32) -> Millis {
+        Utc.with_ymd_and_hms(2026, 6, 1, h, m, 0)
+            .unwrap()
+            .timestamp_millis()
+    }
+
+    fn cadence<'a>(
+        schedule: &'a CronSchedule,
+        policy: &'a EffectivePolicy,
+        window: Option<Window>,
+    ) -> Cadence<'a> {
+        Cadence {
+            branch_rule_id: ID,
+            schedule,
+            zone: chrono_tz::UTC,
+            window,
+            policy,
+        }
+    }
+
+    fn quarter() -> CronSchedule {
+        CronSchedule::parse("*/15 * * * *").unwrap()
+    }
+
+    fn reasons(decision: &[SkippedOccurrence]) -> Vec<(Millis, SkipReason)> {
+        decision
+            .iter()
+            .map(|s| (s.scheduled_for, s.reason))
+            .collect()
+    }
+
+    #[test]
+    fn an_occurrence_on_time_runs_as_it_stands() {
+        let schedule = quarter();
+        for misfire in [Misfire::RunOnce, Misfire::Skip, Misfire::RunAll] {
+            let policy = EffectivePolicy {
+                misfire,
+                ..EffectivePolicy::default()
+            };
+            let decision = decide_due(&cadence(&schedule, &policy, None), at(1, 0), None, at(1, 0) + 5);
+            assert!(decision.is_plain(at(1, 0)), "{misfire:?}: {decision:?}");
+        }
+    }
+
+    #[test]
+    fn after_an_outage_run_once_runs_the_latest_and_records_the_rest() {
+        let schedule = quarter();
+        let policy = EffectivePolicy::default();
+        // Down from 01:00 to 04:00: 01:00 … 04:00 are due at 04:00:30.
+        let decision = decide_due(&cadence(&schedule, &policy, None), at(1, 0), None, at(4, 0) + 30_000);
+        assert_eq!(decision.run, Some(at(4, 0)));
+        assert_eq!(decision.skipped.len(), 12);
+        assert!(decision.skipped.iter().all(|s| s.reason == SkipReason::Misfire));
+        assert_eq!(decision.skipped[0].scheduled_for, at(1, 0));
+    }
+
+    #[test]
+    fn skip_runs_nothing_missed_and_moves_on() {
+        let schedule = quarter();
+        let policy = EffectivePolicy {
+            misfire: Misfire::Skip,
+            ..EffectivePolicy::default()
+        };
+        let decision = decide_due(&cadence(&schedule, &policy, None), at(1, 0), None, at(4, 5));
+        assert_eq!(decision.run, None);
+        assert_eq!(decision.skipped.len(), 13);
+        assert_eq!(decision.next_run_time, Some(at(4, 15)));
+        // Within the threshold the newest still runs.
+        let decision = decide_due(&cadence(&schedule, &policy, None), at(1, 0), None, at(4, 0) + 10_000);
+        assert_eq!(decision.run, Some(at(4, 0)));
+        assert_eq!(decision.skipped.len(), 12);
+    }
+
+    #[test]
+    fn run_all_runs_the_latest_catchup_max_oldest_first() {
+        let schedule = quarter();
+        let policy = EffectivePolicy {
+            misfire: Misfire::RunAll,
+            catchup_max: 4,
+            ..EffectivePolicy::default()
+        };
+        let decision = decide_due(&cadence(&schedule, &policy, None), at(1, 0), None, at(4, 1));
+        assert_eq!(decision.run, Some(at(3, 15)));
+        assert_eq!(decision.skipped.len(), 9);
+        assert!(decision.skipped.iter().all(|s| s.reason == SkipReason::CatchupMax));
+        // The next decision, after 03:15 ran, runs 03:30 with nothing skipped.
+        let decision = decide_due(&cadence(&schedule, &policy, None), at(3, 30), None, at(4, 2));
+        assert!(decision.is_plain(at(3, 30)), "{decision:?}");
+    }
+
+    #[test]
+    fn the_catchup_window_bounds_every_misfire_mode() {
+        let schedule = quarter();
+        let policy = EffectivePolicy {
+            misfire: Misfire::RunAll,
+            catchup_window_seconds: Some(3600),
+            ..EffectivePolicy::default()
+        };
+        let decision = decide_due(&cadence(&schedule, &policy, None), at(1, 0), None, at(4, 1));
+        assert_eq!(decision.run, Some(at(3, 15)));
+        let expired: Vec<_> = reasons(&decision.skipped);
+        assert_eq!(expired.len(), 9);
+        assert!(expired.iter().all(|(_, r)| *r == SkipReason::CatchupWindow));
+    }
+
+    #[test]
+    fn occurrences_outside_the_window_are_named_so() {
+        let schedule = quarter();
+        let policy = EffectivePolicy::default();
+        let window: Window = "09:00-17:00".parse().unwrap();
+        let decision = decide_due(&cadence(&schedule, &policy, Some(window)), at(8, 0), None, at(9, 0));
+        assert_eq!(decision.run, Some(at(9, 0)));
+        assert_eq!(
+            reasons(&decision.skipped),
+            vec![
+                (at(8, 0), SkipReason::OutsideWindow),
+                (at(8, 15), SkipReason::OutsideWindow),
+                (at(8, 30), SkipReason::OutsideWindow),
+                (at(8, 45), SkipReason::OutsideWindow)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_pending_retry_runs_as_it_stands() {
+        let schedule = quarter();
+        let policy = EffectivePolicy::default();
+        let decision = decide_due(&cadence(&schedule, &policy, None), at(1, 0), Some(at(0, 45)), at(4, 0));
+        assert!(decision.is_plain(at(1, 0)));
+    }
+
+    #[test]
+    fn a_long_outage_is_sorted_in_bounded_steps() {
+        let schedule = CronSchedule::parse("* * * * *").unwrap();
+        let policy = EffectivePolicy::default();
+        let now = at(1, 0) + 30 * 24 * 3_600_000;
+        let first = decide_due(&cadence(&schedule, &policy, None), at(1, 0), None, now);
+        assert_eq!(first.run, None);
+        assert_eq!(first.skipped.len(), MAX_OCCURRENCES_PER_DECISION);
+        let mut next = first.next_run_time.unwrap();
+        let mut steps = 1;
+        loop {
+            let decision = decide_due(&cadence(&schedule, &policy, None), next, None, now);
+            steps += 1;
+            if let Some(run) = decision.run {
+                assert_eq!(run, now - now % 60_000);
+                break;
+            }
+            next = decision.next_run_time.unwrap();
+        }
+        assert_eq!(steps, 44);
+    }
+
+    #[test]
+    fn a_failure_retries_with_growing_gaps_until_attempts_run_out() {
+        let schedule = quarter();
+        let policy = EffectivePolicy {
+            max_attempts: 3,
+            ..EffectivePolicy::default()
+        };
+        let cadence = cadence(&schedule, &policy, None);
+        let first = decide_finish(Some(&cadence), &policy, &ID, at(1, 0), 0, at(1, 0), at(1, 0) + 100, Ending::Failed);
+        let (retry_at, number) = first.retry_at().unwrap();
+        assert_eq!(number, 1);
+        assert!((8_000..=10_000).contains(&(retry_at - at(1, 0) - 100)));
+        let second = decide_finish(Some(&cadence), &policy, &ID, at(1, 0), 1, retry_at, retry_at + 100, Ending::Failed);
+        let (second_at, number) = second.retry_at().unwrap();
+        assert_eq!(number, 2);
+        assert!(second_at - retry_at > retry_at - at(1, 0));
+        let last = decide_finish(Some(&cadence), &policy, &ID, at(1, 0), 2, second_at, second_at + 100, Ending::Failed);
+        assert_eq!(last.retry, RetryUpdate::Clear);
+        assert_eq!(last.next_run_time, Some(at(1, 15)));
+        // A cancel is never retried.
+        let cancelled = decide_finish(Some(&cadence), &policy, &ID, at(1, 0), 0, at(1, 0), at(1, 1), Ending::Cancelled);
+        assert_eq!(cancelled.retry, RetryUpdate::Clear);
+    }
+
+    #[test]
+    fn overlaps_skip_buffer_or_cancel() {
+        let schedule = CronSchedule::parse("* * * * *").unwrap();
+        let run = |overlap, ending| {
+            let policy = EffectivePolicy {
+                overlap,
+                ..EffectivePolicy::default()
+            };
+            let cadence = cadence(&schedule, &policy, None);
+            decide_finish(Some(&cadence), &policy, &ID, at(1, 0), 0, at(1, 0), at(1, 2) + 30_000, ending)
+        };
+        let skip = run(Overlap::Skip, Ending::Completed);
+        assert_eq!(reasons(&skip.skipped), vec![(at(1, 1), SkipReason::Overlap), (at(1, 2), SkipReason::Overlap)]);
+        assert_eq!(skip.next_run_time, Some(at(1, 3)));
+        let buffer = run(Overlap::BufferOne, Ending::Completed);
+        assert_eq!(reasons(&buffer.skipped), vec![(at(1, 1), SkipReason::Overlap)]);
+        assert_eq!(buffer.next_run_time, Some(at(1, 2)));
+        let cancel = run(Overlap::Skip, Ending::CancelledByOverlap);
+        assert_eq!(cancel.next_run_time, Some(at(1, 2)));
+        // Due before the claim: left for the misfire policy, nothing skipped.
+        let policy = EffectivePolicy::default();
+        let cadence = cadence(&schedule, &policy, None);
+        let late = decide_finish(Some(&cadence), &policy, &ID, at(1, 0), 0, at(1, 5), at(1, 6), Ending::Completed);
+        assert_eq!(late.next_run_time, Some(at(1, 1)));
+        assert!(late.skipped.is_empty());
+        assert_eq!(overlap_due(&cadence, at(1, 0), at(1, 0) + 10), Some(at(1, 1)));
+    }
+}
