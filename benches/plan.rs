@@ -78,6 +78,7 @@ fn plan_data(n: usize) -> PlanData {
             status: RuleStatus::Active,
             cron_expression: "*/5 * * * *".into(),
             settings: json!({}),
+            policy: None,
             created_at: 0,
             updated_at: 0,
         })
@@ -111,6 +112,9 @@ fn plan_data(n: usize) -> PlanData {
                 lock_time: None,
                 lock_epoch: 0,
                 params: json!({}),
+                policy: None,
+                retry_of: None,
+                failed_attempts: 0,
                 created_at: 0,
                 updated_at: 0,
             }

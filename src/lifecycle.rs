@@ -8,6 +8,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use crate::model::{BranchRule, Execution, ExecutionStatus, Millis};
+use crate::schedule::SkipReason;
 
 /// A fresh execution id for a claim made at `now`: a UUIDv7, so ids sort
 /// by creation time. Each batch's new executions then land together at the
@@ -34,6 +35,28 @@ pub struct ClaimRequest {
     /// Run now: ignore `next_run_time <= now` and use `now` as the
     /// occurrence's `scheduled_for`. Every other condition still holds.
     pub run_now: bool,
+}
+
+/// The master's misfire decision for one branch rule
+/// ([`Store::skip_occurrences`](crate::store::Store::skip_occurrences)):
+/// move its next_run_time from `expected_next_run_time` to `next_run_time`
+/// and record `skipped` as skipped executions, without running anything.
+/// A compare-and-set on next_run_time, so of two instances deciding the
+/// same misfire one writes and the other changes nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SkipRequest {
+    pub branch_rule_id: Uuid,
+    /// INSTANCE_ID of the decider; the skipped executions' `owner`.
+    pub holder: String,
+    /// The next_run_time the decision was made on; nothing is written
+    /// unless the row still says it.
+    pub expected_next_run_time: Millis,
+    pub next_run_time: Millis,
+    pub skipped: Vec<SkippedOccurrence>,
+    pub now: Millis,
+    /// A lock older than this is considered abandoned (as in a claim);
+    /// a branch rule locked more recently is left alone.
+    pub lock_timeout_ms: Millis,
 }
 
 /// A won claim.
@@ -83,11 +106,81 @@ pub struct Finish {
     /// Set last_run_time to `finished_at` (false e.g. for a cancel before
     /// the handoff, when nothing ran).
     pub advance_last_run: bool,
+    /// What happens to the branch rule's pending retry (`retry_of`,
+    /// `failed_attempts`). Defaults to `Keep` so outbox entries written
+    /// before policies still load.
+    #[serde(default)]
+    pub retry: RetryUpdate,
+    /// Occurrences recorded as `skipped` executions in the same
+    /// transaction (e.g. those that fell due while this one ran), only
+    /// while the fence holds; one already recorded is not recorded again.
+    #[serde(default)]
+    pub skipped: Vec<SkippedOccurrence>,
+    /// No next run could be computed: next_run_time becomes NULL, so the
+    /// occurrence that ran is never run again; the plan holds the rule
+    /// until an operator's change sets a next run.
+    #[serde(default)]
+    pub clear_next_run: bool,
+}
+
+/// What the post-process does to the branch rule's pending retry.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RetryUpdate {
+    /// `retry_of` and `failed_attempts` stay as they are.
+    #[default]
+    Keep,
+    /// No retry pending: `retry_of` NULL, `failed_attempts` 0.
+    Clear,
+    /// A retry of occurrence `of` is pending (next_run_time says when),
+    /// after `failed_attempts` failed attempts of it.
+    Pending { of: Millis, failed_attempts: i32 },
+}
+
+/// An occurrence recorded as a `skipped` execution, with why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SkippedOccurrence {
+    /// The occurrence's due time: the execution's `scheduled_for`.
+    pub scheduled_for: Millis,
+    pub reason: SkipReason,
+    /// Stored after the reason in the execution's `error`
+    /// (`"{reason}: {detail}"`).
+    pub detail: String,
+}
+
+impl SkippedOccurrence {
+    /// The skipped execution's `error` text, before the cap.
+    pub fn error(&self) -> String {
+        format!("{}: {}", self.reason.as_str(), self.detail)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn finishes_saved_before_policies_still_load() {
+        let old = r#"{"status":"completed","finished_at":5,"error":null,"output":null,
+            "next_run_time":60,"advance_last_run":true}"#;
+        let finish: Finish = serde_json::from_str(old).unwrap();
+        assert_eq!(finish.retry, RetryUpdate::Keep);
+        assert!(finish.skipped.is_empty());
+        let new = Finish {
+            retry: RetryUpdate::Pending {
+                of: 60,
+                failed_attempts: 2,
+            },
+            skipped: vec![SkippedOccurrence {
+                scheduled_for: 120,
+                reason: SkipReason::Overlap,
+                detail: "still running".into(),
+            }],
+            ..finish
+        };
+        let text = serde_json::to_string(&new).unwrap();
+        assert_eq!(serde_json::from_str::<Finish>(&text).unwrap(), new);
+        assert_eq!(new.skipped[0].error(), "overlap: still running");
+    }
 
     #[test]
     fn execution_ids_sort_by_the_time_they_were_made() {

@@ -40,6 +40,9 @@ fn plan_generation(generation: i64) -> PlanSnapshot {
                 lock_time: None,
                 lock_epoch: generation,
                 params: serde_json::json!({"generation": generation, "i": i}),
+                policy: None,
+                retry_of: None,
+                failed_attempts: 0,
                 created_at: 0,
                 updated_at: generation,
             })

@@ -397,6 +397,7 @@ async fn throttled_worker_with_a_job(db: &TestDb) -> Handoff {
             branch_rule: claim.branch_rule.clone(),
             steps: Some(steps),
             schedule: Err("not needed here".into()),
+            policy: Default::default(),
         },
     });
     let batcher = TransitionBatcher::new(store.clone());

@@ -40,6 +40,8 @@ const DESIGN_COLUMNS: &[(&str, &[&str])] = &[
             "status",
             "cron_expression",
             "settings",
+            // Issue 13: the scheduling policy (JSON text, NULL for none).
+            "policy",
         ],
     ),
     (
@@ -66,6 +68,10 @@ const DESIGN_COLUMNS: &[(&str, &[&str])] = &[
             "lock_time",
             "lock_epoch",
             "params",
+            // Issue 13: the policy's overrides and a pending retry.
+            "policy",
+            "retry_of",
+            "failed_attempts",
         ],
     ),
     (
@@ -165,6 +171,12 @@ fn fixture() -> PlanData {
             status: RuleStatus::Active,
             cron_expression: "30 2 * * *".into(),
             settings: json!({"big": 9_007_199_254_740_993_i64, "s": "x"}),
+            policy: Some(
+                serde_json::from_value(
+                    json!({"misfire": "run_all", "catchup_max": 3, "max_attempts": 4}),
+                )
+                .unwrap(),
+            ),
             created_at: t0,
             updated_at: t0,
         },
@@ -175,6 +187,7 @@ fn fixture() -> PlanData {
             status: RuleStatus::Inactive,
             cron_expression: "*/15 * * * MON-FRI".into(),
             settings: json!([]),
+            policy: None,
             created_at: t0,
             updated_at: t0,
         },
@@ -235,6 +248,9 @@ fn fixture() -> PlanData {
             lock_time: Some(t0 - 1),
             lock_epoch: i64::MAX,
             params: json!({"k": ["v", 1, null]}),
+            policy: Some(serde_json::from_value(json!({"overlap": "buffer_one"})).unwrap()),
+            retry_of: Some(t0 - 30_000),
+            failed_attempts: i32::MAX,
             created_at: t0,
             updated_at: t0,
         },
@@ -255,6 +271,9 @@ fn fixture() -> PlanData {
             lock_time: None,
             lock_epoch: 0,
             params: json!({}),
+            policy: None,
+            retry_of: None,
+            failed_attempts: 0,
             created_at: t0,
             updated_at: t0,
         },
@@ -423,6 +442,10 @@ both_backends!(defaults_fill_omitted_columns, |db: TestDb| async move {
     assert!(!row.is_archived && !row.is_force_stopped && !row.is_currently_running);
     assert_eq!(row.lock_epoch, 0);
     assert_eq!(row.params, json!({}));
+    assert_eq!(
+        (&row.policy, row.retry_of, row.failed_attempts),
+        (&None, None, 0)
+    );
     assert!(row.created_at > 1_700_000_000_000 && row.updated_at >= row.created_at);
     store.close().await;
 });

@@ -16,8 +16,8 @@ use ruled::model::{
     Branch, BranchRule, Brand, Execution, ExecutionStatus, Millis, Rule, RuleStatus,
 };
 use ruled::store::{
-    Claim, ClaimRequest, ExecutionFilter, Fence, Finish, Store, Transition, TransitionBatcher,
-    TransitionOutcome, WORKER_LOST,
+    Claim, ClaimRequest, ExecutionFilter, Fence, Finish, RetryUpdate, Store, Transition,
+    TransitionBatcher, TransitionOutcome, WORKER_LOST,
 };
 use serde_json::json;
 use uuid::Uuid;
@@ -65,6 +65,7 @@ async fn seed(store: &Store) {
             status: RuleStatus::Active,
             cron_expression: "30 2 * * *".into(),
             settings: json!({}),
+            policy: None,
             created_at: T0,
             updated_at: T0,
         })
@@ -91,6 +92,9 @@ fn branch_rule(n: u32, next_run_time: Option<Millis>) -> BranchRule {
         lock_time: None,
         lock_epoch: 0,
         params: json!({}),
+        policy: None,
+        retry_of: None,
+        failed_attempts: 0,
         created_at: T0 - 1000,
         updated_at: T0 - 1000,
     }
@@ -151,6 +155,9 @@ fn completed(at: Millis, next: Option<Millis>) -> Finish {
         output: Some(json!({"ok": true})),
         next_run_time: next,
         advance_last_run: true,
+        retry: RetryUpdate::Keep,
+        skipped: Vec::new(),
+        clear_next_run: false,
     }
 }
 
@@ -551,6 +558,9 @@ both_backends!(
             output: Some(json!({"step": 2})),
             next_run_time: Some(T0 + 86_400_000),
             advance_last_run: true,
+            retry: RetryUpdate::Keep,
+            skipped: Vec::new(),
+            clear_next_run: false,
         };
         assert!(store.finish(&fence, &finish).await.unwrap().is_some());
         let e = execution(&store, fence.execution_id).await;
@@ -675,6 +685,9 @@ both_backends!(
             output: None,
             next_run_time: None,
             advance_last_run: false,
+            retry: RetryUpdate::Keep,
+            skipped: Vec::new(),
+            clear_next_run: false,
         };
         let row = store.finish(&won.fence(), &cancel).await.unwrap().unwrap();
         assert_eq!((row.next_run_time, row.last_run_time), (Some(T0), None));
@@ -716,6 +729,9 @@ both_backends!(
             output: Some(json!({"log": "x".repeat(ruled::store::OUTPUT_CAP_BYTES)})),
             next_run_time: None,
             advance_last_run: true,
+            retry: RetryUpdate::Keep,
+            skipped: Vec::new(),
+            clear_next_run: false,
         };
         store.finish(&won.fence(), &finish).await.unwrap().unwrap();
         let e = execution(&store, won.execution.id).await;

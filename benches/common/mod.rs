@@ -45,6 +45,7 @@ pub async fn seed(store: &Store, due: &[Millis], cron: &str, kind: &str) -> Vec<
             status: RuleStatus::Active,
             cron_expression: cron.into(),
             settings: json!({}),
+            policy: None,
             created_at: now,
             updated_at: now,
         })

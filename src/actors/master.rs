@@ -744,6 +744,7 @@ impl MasterState {
             advance_last_run: false,
             retry: RetryUpdate::Keep,
             skipped: Vec::new(),
+            clear_next_run: false,
         };
         self.write_finish(job, finish).await;
     }

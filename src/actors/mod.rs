@@ -92,10 +92,12 @@ pub(crate) async fn record_finish(
         Err(error) => {
             metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "finish").increment(1);
             if let Some(plan) = plan {
-                let local = finish.next_run_time.map(|next_run_time| PlanMsg::FinishedLocally {
-                    id: fence.branch_rule_id,
-                    next_run_time,
-                    retry: finish.retry,
+                let local = (finish.next_run_time.is_some() || finish.clear_next_run).then(|| {
+                    PlanMsg::FinishedLocally {
+                        id: fence.branch_rule_id,
+                        next_run_time: finish.next_run_time,
+                        retry: finish.retry,
+                    }
                 });
                 let entry = OutboxEntry {
                     fence: fence.clone(),

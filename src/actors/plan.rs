@@ -206,8 +206,9 @@ impl Actor for PlanActor {
                     .plan
                     .get(&id)
                     .and_then(|w| w.branch_rule.next_run_time);
-                state.plan.set_next_run_time(&id, next_run_time, now);
                 state.plan.update(&id, |w| {
+                    w.branch_rule.next_run_time = next_run_time;
+                    w.locally_updated_at = Some(now);
                     w.branch_rule.is_currently_running = false;
                     w.running_here = false;
                     match retry {
@@ -229,7 +230,7 @@ impl Actor for PlanActor {
                     branch_rule_id = %id,
                     "🔄 Updated workflow {id}: next_run_time {} → {} (computed locally)",
                     format_time(before),
-                    format_time(Some(next_run_time))
+                    format_time(next_run_time)
                 );
                 state.mark_dirty(&myself);
             }

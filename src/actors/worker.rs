@@ -23,7 +23,7 @@ use crate::messages::{MasterMsg, PlanMsg, WorkerMsg};
 use crate::metrics as m;
 use crate::model::{ExecutionStatus, Millis};
 use crate::lifecycle::{RetryUpdate, SkippedOccurrence};
-use crate::plan::{Ending, FinishDecision, JobStep, decide_finish};
+use crate::plan::{Ending, FinishDecision, JobStep, RunEnd, decide_finish};
 use crate::schedule::CronSchedule;
 use chrono_tz::Tz;
 use crate::store::{PendingTransition, Store, Transition, TransitionBatcher};
@@ -269,6 +269,7 @@ impl WorkerState {
                         advance_last_run: false,
                         retry: RetryUpdate::Keep,
                         skipped: Vec::new(),
+                        clear_next_run: false,
                     };
                     let recorded =
                         record_finish(&args.batcher, &args.directory, &job.fence, finish, now)
@@ -366,6 +367,7 @@ impl WorkerState {
                     advance_last_run: false,
                     retry: RetryUpdate::Keep,
                     skipped: Vec::new(),
+                    clear_next_run: false,
                 },
                 Some(ending) => decided_finish(&job, &job.spec.schedule, ending, now).finish(
                     ExecutionStatus::Cancelled,
@@ -511,16 +513,15 @@ pub fn decided_finish(
         .as_ref()
         .ok()
         .map(|(schedule, zone)| spec.cadence_with(schedule, *zone));
-    decide_finish(
-        cadence.as_ref(),
-        &spec.policy,
-        &spec.branch_rule.id,
-        job.execution.scheduled_for,
-        spec.branch_rule.failed_attempts,
-        job.execution.requested_at,
-        now,
+    let run = RunEnd {
+        branch_rule_id: spec.branch_rule.id,
+        occurrence: job.execution.scheduled_for,
+        failed_attempts: spec.branch_rule.failed_attempts,
+        claimed_at: job.execution.requested_at,
+        finished_at: now,
         ending,
-    )
+    };
+    decide_finish(cadence.as_ref(), &spec.policy, &run)
 }
 
 /// Logs and counts what a landed finish decided: the occurrences it

@@ -38,7 +38,8 @@ pub enum PlanMsg {
     /// next run and retry locally and clear the running flag (seed 000).
     FinishedLocally {
         id: Uuid,
-        next_run_time: Millis,
+        /// `None`: no next run could be computed; the rule is held.
+        next_run_time: Option<Millis>,
         retry: RetryUpdate,
     },
     /// A post-process write the database refused: keep it (saved with the

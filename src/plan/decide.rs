@@ -253,6 +253,8 @@ impl FinishDecision {
             next_run_time: self.next_run_time,
             advance_last_run,
             retry: self.retry,
+            clear_next_run: self.next_run_time.is_none()
+                && !matches!(self.retry, RetryUpdate::Pending { .. }),
             skipped: self.skipped,
         }
     }
@@ -268,23 +270,37 @@ impl FinishDecision {
     }
 }
 
-/// The end of the run of `occurrence`, claimed at `claimed_at` with
-/// `failed_attempts` failures of it behind it. `cadence` is `None` when no
-/// next run can be computed (the finish clears next_run_time and the rule
-/// is held, see `NoNextRunTime`).
+/// A run that ended: the occurrence it ran, claimed at `claimed_at` with
+/// `failed_attempts` failures of it behind it, and how it ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunEnd {
+    pub branch_rule_id: Uuid,
+    pub occurrence: Millis,
+    pub failed_attempts: i32,
+    pub claimed_at: Millis,
+    pub finished_at: Millis,
+    pub ending: Ending,
+}
+
+/// The end of a run. `cadence` is `None` when no next run can be computed
+/// (the finish clears next_run_time and the rule is held, see
+/// `NoNextRunTime`).
 pub fn decide_finish(
     cadence: Option<&Cadence<'_>>,
     policy: &EffectivePolicy,
-    branch_rule_id: &Uuid,
-    occurrence: Millis,
-    failed_attempts: i32,
-    claimed_at: Millis,
-    finished_at: Millis,
-    ending: Ending,
+    run: &RunEnd,
 ) -> FinishDecision {
+    let RunEnd {
+        branch_rule_id,
+        occurrence,
+        failed_attempts,
+        claimed_at,
+        finished_at,
+        ending,
+    } = *run;
     let failures = failed_attempts.max(0) + 1;
     if ending == Ending::Failed && (failures as u32) < policy.max_attempts {
-        let delay = policy.backoff_ms(branch_rule_id, occurrence, failures as u32);
+        let delay = policy.backoff_ms(&branch_rule_id, occurrence, failures as u32);
         return FinishDecision {
             next_run_time: Some(finished_at + delay),
             retry: RetryUpdate::Pending {
@@ -384,6 +400,26 @@ mod tests {
             window,
             policy,
         }
+    }
+
+    fn finish_of(
+        cadence: &Cadence<'_>,
+        policy: &EffectivePolicy,
+        occurrence: Millis,
+        failed_attempts: i32,
+        claimed_at: Millis,
+        finished_at: Millis,
+        ending: Ending,
+    ) -> FinishDecision {
+        let run = RunEnd {
+            branch_rule_id: ID,
+            occurrence,
+            failed_attempts,
+            claimed_at,
+            finished_at,
+            ending,
+        };
+        decide_finish(Some(cadence), policy, &run)
     }
 
     fn quarter() -> CronSchedule {
@@ -527,19 +563,19 @@ mod tests {
             ..EffectivePolicy::default()
         };
         let cadence = cadence(&schedule, &policy, None);
-        let first = decide_finish(Some(&cadence), &policy, &ID, at(1, 0), 0, at(1, 0), at(1, 0) + 100, Ending::Failed);
+        let first = finish_of(&cadence, &policy, at(1, 0), 0, at(1, 0), at(1, 0) + 100, Ending::Failed);
         let (retry_at, number) = first.retry_at().unwrap();
         assert_eq!(number, 1);
         assert!((8_000..=10_000).contains(&(retry_at - at(1, 0) - 100)));
-        let second = decide_finish(Some(&cadence), &policy, &ID, at(1, 0), 1, retry_at, retry_at + 100, Ending::Failed);
+        let second = finish_of(&cadence, &policy, at(1, 0), 1, retry_at, retry_at + 100, Ending::Failed);
         let (second_at, number) = second.retry_at().unwrap();
         assert_eq!(number, 2);
         assert!(second_at - retry_at > retry_at - at(1, 0));
-        let last = decide_finish(Some(&cadence), &policy, &ID, at(1, 0), 2, second_at, second_at + 100, Ending::Failed);
+        let last = finish_of(&cadence, &policy, at(1, 0), 2, second_at, second_at + 100, Ending::Failed);
         assert_eq!(last.retry, RetryUpdate::Clear);
         assert_eq!(last.next_run_time, Some(at(1, 15)));
         // A cancel is never retried.
-        let cancelled = decide_finish(Some(&cadence), &policy, &ID, at(1, 0), 0, at(1, 0), at(1, 1), Ending::Cancelled);
+        let cancelled = finish_of(&cadence, &policy, at(1, 0), 0, at(1, 0), at(1, 1), Ending::Cancelled);
         assert_eq!(cancelled.retry, RetryUpdate::Clear);
     }
 
@@ -552,7 +588,7 @@ mod tests {
                 ..EffectivePolicy::default()
             };
             let cadence = cadence(&schedule, &policy, None);
-            decide_finish(Some(&cadence), &policy, &ID, at(1, 0), 0, at(1, 0), at(1, 2) + 30_000, ending)
+            finish_of(&cadence, &policy, at(1, 0), 0, at(1, 0), at(1, 2) + 30_000, ending)
         };
         let skip = run(Overlap::Skip, Ending::Completed);
         assert_eq!(reasons(&skip.skipped), vec![(at(1, 1), SkipReason::Overlap), (at(1, 2), SkipReason::Overlap)]);
@@ -565,7 +601,7 @@ mod tests {
         // Due before the claim: left for the misfire policy, nothing skipped.
         let policy = EffectivePolicy::default();
         let cadence = cadence(&schedule, &policy, None);
-        let late = decide_finish(Some(&cadence), &policy, &ID, at(1, 0), 0, at(1, 5), at(1, 6), Ending::Completed);
+        let late = finish_of(&cadence, &policy, at(1, 0), 0, at(1, 5), at(1, 6), Ending::Completed);
         assert_eq!(late.next_run_time, Some(at(1, 1)));
         assert!(late.skipped.is_empty());
         assert_eq!(overlap_due(&cadence, at(1, 0), at(1, 0) + 10), Some(at(1, 1)));

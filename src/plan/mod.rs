@@ -29,7 +29,7 @@ use crate::model::{
 };
 
 pub use decide::{
-    Cadence, DueDecision, Ending, FinishDecision, MAX_OCCURRENCES_PER_DECISION, MISFIRE_THRESHOLD_MS,
+    Cadence, DueDecision, Ending, FinishDecision, RunEnd, MAX_OCCURRENCES_PER_DECISION, MISFIRE_THRESHOLD_MS,
     decide_due, decide_finish, overlap_due,
 };
 pub use jobs::{JobSpec, JobStep, job_spec, missed_windows, next_wake};
@@ -269,7 +269,7 @@ impl ExecutionPlan {
         let rules = by_id(rules, |r| r.id);
         let offsets_changed = rules.len() != self.rules.len()
             || rules.iter().any(|(id, rule)| {
-                self.rules.get(id).map(|old| start_jitter(old)) != Some(start_jitter(rule))
+                self.rules.get(id).map(start_jitter) != Some(start_jitter(rule))
             });
         self.rules = rules;
         if offsets_changed {

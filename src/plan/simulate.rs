@@ -22,7 +22,7 @@ use chrono_tz::Tz;
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::decide::{Ending, decide_due, decide_finish, overlap_due};
+use super::decide::{Ending, RunEnd, decide_due, decide_finish, overlap_due};
 use super::{ExecutionPlan, NotReady, check_ready, job_spec, next_wake, ready_owned};
 use crate::clock::millis_to_utc;
 use crate::cluster::{Ownership, partition_of, stable_hash};
@@ -341,16 +341,15 @@ impl State<'_> {
                 continue;
             };
             let cadence = spec.cadence();
-            let decision = decide_finish(
-                cadence.as_ref(),
-                &spec.policy,
-                &id,
-                run.occurrence,
-                run.failed_attempts,
-                run.claimed_at,
-                ended_at,
-                how,
-            );
+            let end = RunEnd {
+                branch_rule_id: id,
+                occurrence: run.occurrence,
+                failed_attempts: run.failed_attempts,
+                claimed_at: run.claimed_at,
+                finished_at: ended_at,
+                ending: how,
+            };
+            let decision = decide_finish(cadence.as_ref(), &spec.policy, &end);
             let status = match how {
                 Ending::Completed => "completed",
                 Ending::Failed => "failed",

@@ -2,7 +2,7 @@
 
 use uuid::Uuid;
 
-use super::decode::{AnyRow, RowReader, id_text, json_text, opt_id_text};
+use super::decode::{AnyRow, RowReader, id_text, json_text, opt_id_text, policy_text};
 use super::{Store, StoreError};
 use crate::model::{ActionTemplate, Branch, Brand, BrandRule, Rule};
 
@@ -53,11 +53,11 @@ pub(super) fn decode_branch(row: &impl AnyRow) -> Result<Branch, StoreError> {
 // ---- rules -----------------------------------------------------------------
 
 const INSERT_RULE: &str = "\
-INSERT INTO rules (id, brand_id, name, status, cron_expression, settings, created_at, updated_at) \
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8)";
+INSERT INTO rules (id, brand_id, name, status, cron_expression, settings, policy, created_at, updated_at) \
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 
 pub(super) const SELECT_RULES: &str = "\
-SELECT id, brand_id, name, status, cron_expression, settings, created_at, updated_at \
+SELECT id, brand_id, name, status, cron_expression, settings, policy, created_at, updated_at \
 FROM rules ORDER BY id";
 
 pub(super) fn decode_rule(row: &impl AnyRow) -> Result<Rule, StoreError> {
@@ -69,6 +69,7 @@ pub(super) fn decode_rule(row: &impl AnyRow) -> Result<Rule, StoreError> {
         status: r.rule_status("status")?,
         cron_expression: r.text("cron_expression")?,
         settings: r.json("settings")?,
+        policy: r.policy("policy")?,
         created_at: r.i64("created_at")?,
         updated_at: r.i64("updated_at")?,
     })
@@ -161,6 +162,7 @@ impl Store {
             rule.status.as_str(),
             rule.cron_expression.as_str(),
             json_text(&rule.settings),
+            policy_text(rule.policy.as_ref()),
             rule.created_at,
             rule.updated_at,
         )

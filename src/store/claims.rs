@@ -16,9 +16,9 @@
 use sqlx::{Database, Transaction};
 
 use super::batch::{Transition, TransitionOutcome};
-use super::grouped::apply_grouped;
+use super::grouped::{apply_grouped, skip_occurrences};
 use super::{Store, StoreError};
-use crate::lifecycle::{Claim, ClaimRequest, Fence, Finish};
+use crate::lifecycle::{Claim, ClaimRequest, Fence, Finish, SkipRequest};
 use crate::model::{BranchRule, Millis};
 
 /// SQLite write transactions take the write lock up front: a deferred one
@@ -202,6 +202,38 @@ impl Store {
         match self.apply(&transition).await? {
             TransitionOutcome::Finished(row) => Ok(row),
             other => unreachable!("a finish answered {other:?}"),
+        }
+    }
+
+    /// The master's misfire decision, in one write transaction (not
+    /// through the batcher: it is rare). Moves the branch rule's
+    /// next_run_time from `req.expected_next_run_time` to
+    /// `req.next_run_time` — only while it still says the expected value,
+    /// no retry is pending and no live lock is on it (free, or older than
+    /// `req.lock_timeout_ms`) — and, only if that matched, records each of
+    /// `req.skipped` as a `skipped` execution (owner `req.holder`, the
+    /// row's lock_epoch, at `req.now`; an occurrence already recorded
+    /// skipped is not recorded again). Returns the updated branch rule, or
+    /// `None` when the compare failed and nothing was written: another
+    /// instance (or a claim) got there first.
+    pub async fn skip_occurrences(
+        &self,
+        req: &SkipRequest,
+    ) -> Result<Option<BranchRule>, StoreError> {
+        let op = "begin skip occurrences";
+        match self {
+            Store::Sqlite(pool) => {
+                let mut tx = begin_sqlite_write(pool, op).await?;
+                let out = skip_occurrences(&mut *tx, req).await?;
+                end_tx(tx, out.is_some()).await?;
+                Ok(out)
+            }
+            Store::Postgres(pool) => {
+                let mut tx = pool.begin().await.map_err(StoreError::query(op))?;
+                let out = skip_occurrences(&mut *tx, req).await?;
+                end_tx(tx, out.is_some()).await?;
+                Ok(out)
+            }
         }
     }
 

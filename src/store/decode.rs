@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 use super::StoreError;
 use crate::model::RuleStatus;
-use crate::schedule::TimeOfDay;
+use crate::schedule::{Policy, TimeOfDay};
 
 /// The few column types the schema uses, read the same way from either
 /// backend's row so one decoder per table serves both.
@@ -144,6 +144,15 @@ impl<'r, R: AnyRow> RowReader<'r, R> {
             .transpose()
     }
 
+    /// A stored policy (JSON text, NULL for none). A text the model
+    /// refuses is an error on `column` carrying the model's message, which
+    /// names the field (`policy.max_attempts: ...`); a plan load
+    /// quarantines the row with reason `policy`.
+    pub(crate) fn policy(&self, column: &'static str) -> Result<Option<Policy>, StoreError> {
+        let text = self.opt_text(column)?;
+        Policy::from_json_text(text.as_deref()).map_err(|message| self.error(column, message))
+    }
+
     pub(crate) fn rule_status(&self, column: &'static str) -> Result<RuleStatus, StoreError> {
         let text = self.text(column)?;
         RuleStatus::parse(&text).ok_or_else(|| {
@@ -166,6 +175,11 @@ pub(crate) fn opt_id_text(id: Option<Uuid>) -> Option<String> {
 
 pub(crate) fn json_text(value: &Value) -> String {
     value.to_string()
+}
+
+/// The stored text of a policy: NULL for none (or an empty one).
+pub(crate) fn policy_text(policy: Option<&Policy>) -> Option<String> {
+    Policy::to_json_text(policy)
 }
 
 pub(crate) fn opt_time_text(time: Option<TimeOfDay>) -> Option<String> {

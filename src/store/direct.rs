@@ -50,9 +50,10 @@ pub(super) struct WriterConn {
     conn: PoolConnection<Sqlite>,
 }
 
-/// Room for every statement shape: seven kinds of statement in seven chunk
+/// Room for every statement shape: ten kinds of statement (the claim's
+/// four, the two marks, the renewal, the finish's three) in seven chunk
 /// sizes, plus BEGIN, COMMIT and ROLLBACK.
-const STATEMENT_CACHE: usize = 64;
+const STATEMENT_CACHE: usize = 80;
 
 impl WriterConn {
     pub(super) fn new(conn: PoolConnection<Sqlite>) -> Self {

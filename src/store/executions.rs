@@ -81,7 +81,8 @@ macro_rules! branch_rule_columns {
         "id, branch_id, rule_id, brand_rule_id, \
          is_active, is_archived, is_force_stopped, is_currently_running, \
          operation_time_from, operation_time_to, next_run_time, last_run_time, \
-         lock_holder, lock_time, lock_epoch, params, created_at, updated_at"
+         lock_holder, lock_time, lock_epoch, params, policy, retry_of, failed_attempts, \
+         created_at, updated_at"
     };
 }
 pub(super) use branch_rule_columns;
@@ -106,7 +107,6 @@ macro_rules! touch_branch_rule {
 }
 pub(super) use touch_branch_rule;
 
-/// The statuses a transition may still leave, as an SQL list.
 /// An open execution, in the form the partial indexes on executions are
 /// written in (`finished_at` is set exactly when the status becomes
 /// terminal); `open_execution!(NOT)` is a finished one.
@@ -120,6 +120,9 @@ macro_rules! open_execution {
 }
 pub(super) use open_execution;
 
+/// The statuses a transition may still leave, as an SQL list: the open
+/// ones. `skipped`, like every other terminal status, is never among them
+/// (a skipped execution is written finished).
 macro_rules! open_statuses {
     () => {
         "('requested', 'scheduled', 'running')"

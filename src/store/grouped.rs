@@ -26,12 +26,15 @@ use super::executions::{
     open_statuses, output_text, touch_branch_rule,
 };
 use super::workflows::decode_branch_rule;
-use crate::lifecycle::{Claim, ClaimRequest, Fence, Finish};
-use crate::model::BranchRule;
+use crate::lifecycle::{
+    Claim, ClaimRequest, Fence, Finish, RetryUpdate, SkipRequest, SkippedOccurrence,
+    new_execution_id,
+};
+use crate::model::{BranchRule, Millis};
 
 pub(super) type ItemResult = Result<TransitionOutcome, StoreError>;
 
-/// Largest number of rows one statement carries (at most 8 parameters a
+/// Largest number of rows one statement carries (at most 9 parameters a
 /// row, far below either backend's limit).
 const MAX_CHUNK: usize = 64;
 
@@ -199,17 +202,21 @@ fn insert_sql(rows: usize) -> String {
 
 /// First step of the post-process: it takes PostgreSQL's row lock on the
 /// branch rule, so nobody can take the lock over before the transaction
-/// ends, and the execution update after it needs no further fence.
+/// ends, and the execution update after it needs no further fence. The
+/// pending retry is set as the finish's [`RetryUpdate`] says: `r_keep`
+/// leaves it, otherwise it becomes `r_of` / `r_failed` (NULL / 0 to clear).
 fn release_sql(rows: usize) -> String {
     format!(
-        "WITH v(br, holder, epoch, advance, fin, nrt) AS (VALUES {}) \
+        "WITH v(br, holder, epoch, advance, fin, nrt, r_keep, r_of, r_failed, n_clear) AS (VALUES {}) \
          UPDATE branch_rules SET \
          last_run_time = CASE WHEN v.advance THEN v.fin ELSE last_run_time END, \
-         next_run_time = COALESCE(v.nrt, next_run_time), \
+         next_run_time = CASE WHEN v.n_clear THEN NULL ELSE COALESCE(v.nrt, next_run_time) END, \
+         retry_of = CASE WHEN v.r_keep THEN retry_of ELSE v.r_of END, \
+         failed_attempts = CASE WHEN v.r_keep THEN failed_attempts ELSE v.r_failed END, \
          is_currently_running = FALSE, lock_holder = NULL, lock_time = NULL, {} FROM v \
          WHERE branch_rules.id = v.br AND branch_rules.lock_holder = v.holder \
          AND branch_rules.lock_epoch = v.epoch RETURNING {}",
-        values(rows, 6),
+        values(rows, 10),
         touch_branch_rule!("v.fin"),
         branch_rule_columns!()
     )
@@ -229,6 +236,121 @@ fn finish_sql(rows: usize) -> String {
         values(rows, 8),
         open_statuses!()
     )
+}
+
+/// Skipped executions (terminal at once: finished_at set, never open),
+/// each the next attempt of its occurrence, unless that occurrence already
+/// has a skipped one: a redelivered finish or a repeated skip records it
+/// once. The caller holds the branch rule (its fence, or the compare-and-set
+/// of [`SKIP_SQL`]) and gives at most one row per occurrence.
+fn skipped_sql(rows: usize) -> String {
+    format!(
+        "WITH v(id, br, sf, holder, epoch, at, err) AS (VALUES {}) \
+         INSERT INTO executions (id, branch_rule_id, scheduled_for, status, attempt, owner, \
+         lock_epoch, requested_at, finished_at, error, created_at, updated_at) \
+         SELECT v.id, v.br, v.sf, 'skipped', \
+         (SELECT COALESCE(MAX(e.attempt), 0) + 1 FROM executions e \
+         WHERE e.branch_rule_id = v.br AND e.scheduled_for = v.sf), \
+         v.holder, v.epoch, v.at, v.at, v.err, v.at, v.at FROM v \
+         WHERE NOT EXISTS (SELECT 1 FROM executions e WHERE e.branch_rule_id = v.br \
+         AND e.scheduled_for = v.sf AND e.status = 'skipped')",
+        values(rows, 7)
+    )
+}
+
+/// The master's misfire decision ([`SkipRequest`]): a compare-and-set of
+/// next_run_time on a branch rule with no retry pending and no live lock
+/// (free, or older than the timeout, as a claim sees it).
+const SKIP_SQL: &str = concat!(
+    "UPDATE branch_rules SET next_run_time = $3, ",
+    touch_branch_rule!("$4"),
+    " WHERE id = $1 AND next_run_time = $2 AND retry_of IS NULL \
+     AND (lock_holder IS NULL OR lock_time IS NULL OR lock_time < $4 - $5) RETURNING ",
+    branch_rule_columns!()
+);
+
+/// One skipped execution to insert.
+struct SkipRow {
+    id: Uuid,
+    branch_rule_id: Uuid,
+    scheduled_for: Millis,
+    owner: String,
+    lock_epoch: i64,
+    at: Millis,
+    error: Option<String>,
+}
+
+/// The rows for `skipped` of one branch rule, one per occurrence (the
+/// first entry wins), all recorded at `at` by `owner` under `lock_epoch`.
+fn skip_rows(
+    branch_rule_id: Uuid,
+    owner: &str,
+    lock_epoch: i64,
+    at: Millis,
+    skipped: &[SkippedOccurrence],
+) -> Vec<SkipRow> {
+    let mut seen = HashSet::with_capacity(skipped.len());
+    skipped
+        .iter()
+        .filter(|skip| seen.insert(skip.scheduled_for))
+        .map(|skip| SkipRow {
+            id: new_execution_id(at),
+            branch_rule_id,
+            scheduled_for: skip.scheduled_for,
+            owner: owner.to_string(),
+            lock_epoch,
+            at,
+            error: error_text(Some(&skip.error())),
+        })
+        .collect()
+}
+
+/// Inserts the skipped executions, a chunk to a statement.
+async fn insert_skipped<C: GroupedConn>(conn: &mut C, rows: &[SkipRow]) -> Result<(), StoreError> {
+    let indices: Vec<usize> = (0..rows.len()).collect();
+    for part in chunks(&indices) {
+        let mut binds = Vec::with_capacity(part.len() * 7);
+        for &index in part {
+            let row = &rows[index];
+            binds.extend([
+                Bind::Text(id_text(row.id)),
+                Bind::Text(id_text(row.branch_rule_id)),
+                Bind::Int(row.scheduled_for),
+                Bind::Text(row.owner.clone()),
+                Bind::Int(row.lock_epoch),
+                Bind::Int(row.at),
+                Bind::OptText(row.error.clone()),
+            ]);
+        }
+        conn.fetch("insert skipped executions", skipped_sql(part.len()), binds)
+            .await?;
+    }
+    Ok(())
+}
+
+/// [`Store::skip_occurrences`](super::Store::skip_occurrences) on one
+/// connection, inside a write transaction the caller owns and commits
+/// when this returns a row.
+pub(super) async fn skip_occurrences<C: GroupedConn>(
+    conn: &mut C,
+    req: &SkipRequest,
+) -> Result<Option<BranchRule>, StoreError> {
+    let binds = vec![
+        Bind::Text(id_text(req.branch_rule_id)),
+        Bind::Int(req.expected_next_run_time),
+        Bind::Int(req.next_run_time),
+        Bind::Int(req.now),
+        Bind::Int(req.lock_timeout_ms),
+    ];
+    let op = "skip occurrences";
+    let rows = conn.fetch(op, SKIP_SQL.to_string(), binds).await?;
+    let Some(row) = rows.first() else {
+        return Ok(None);
+    };
+    let rule = decode_branch_rule(row)?;
+    let skips = skip_rows(rule.id, &req.holder, rule.lock_epoch, req.now, &req.skipped);
+    insert_skipped(conn, &skips).await?;
+    Ok(Some(rule))
 }
 
 fn fence_and_now(transition: &Transition) -> (&Fence, i64) {
@@ -552,8 +674,11 @@ async fn claim_many<C: GroupedConn>(
         let binds = row_binds(transitions, part, |transition| {
             let req = claim_request(transition);
             let rule = &claimed[&req.branch_rule_id];
-            // Not run-now means next_run_time <= now held, so it is set.
-            let scheduled_for = match (req.run_now, rule.next_run_time) {
+            // Not run-now: the occurrence a pending retry retries, so every
+            // attempt of it shares (branch_rule_id, scheduled_for) and the
+            // attempt grows; else the due time (next_run_time <= now held,
+            // so it is set).
+            let scheduled_for = match (req.run_now, rule.retry_of.or(rule.next_run_time)) {
                 (false, Some(due)) => due,
                 _ => req.now,
             };
@@ -605,6 +730,14 @@ async fn finish_many<C: GroupedConn>(
 ) -> Result<(), StoreError> {
     let binds = row_binds(transitions, chunk, |transition| {
         let (fence, finish) = fence_and_finish(transition);
+        let (keep, retry_of, failed_attempts) = match finish.retry {
+            RetryUpdate::Keep => (true, None, 0),
+            RetryUpdate::Clear => (false, None, 0),
+            RetryUpdate::Pending {
+                of,
+                failed_attempts,
+            } => (false, Some(of), i64::from(failed_attempts)),
+        };
         [
             Bind::Text(id_text(fence.branch_rule_id)),
             Bind::Text(fence.holder.clone()),
@@ -612,6 +745,10 @@ async fn finish_many<C: GroupedConn>(
             Bind::Bool(finish.advance_last_run),
             Bind::Int(finish.finished_at),
             Bind::OptInt(finish.next_run_time),
+            Bind::Bool(keep),
+            Bind::OptInt(retry_of),
+            Bind::Int(failed_attempts),
+            Bind::Bool(finish.clear_next_run),
         ]
     });
     let mut released = branch_rules_by_id(
@@ -647,6 +784,21 @@ async fn finish_many<C: GroupedConn>(
         conn.fetch("finish executions", finish_sql(part.len()), binds)
             .await?;
     }
+    // The occurrences these finishes skipped, under the same fences.
+    let skips: Vec<SkipRow> = owned
+        .iter()
+        .flat_map(|&index| {
+            let (fence, finish) = fence_and_finish(transitions[index]);
+            skip_rows(
+                fence.branch_rule_id,
+                &fence.holder,
+                fence.epoch,
+                finish.finished_at,
+                &finish.skipped,
+            )
+        })
+        .collect();
+    insert_skipped(conn, &skips).await?;
     for &index in chunk {
         let (fence, _) = fence_and_finish(transitions[index]);
         let row = released.remove(&fence.branch_rule_id);

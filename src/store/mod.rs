@@ -97,7 +97,10 @@ pub use executions::{ERROR_CAP_BYTES, ExecutionFilter, OUTPUT_CAP_BYTES, WORKER_
 pub use instances::InstanceRow;
 pub use leases::{CancelRequest, LeaseView};
 
-pub use crate::lifecycle::{Claim, ClaimRequest, Fence, Finish, new_execution_id};
+pub use crate::lifecycle::{
+    Claim, ClaimRequest, Fence, Finish, RetryUpdate, SkipRequest, SkippedOccurrence,
+    new_execution_id,
+};
 
 /// SQLite's default busy handler gives up at once; writers from several
 /// tasks (refresher, workers, API) must wait for each other instead.

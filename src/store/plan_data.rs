@@ -162,6 +162,7 @@ fn rejected_row(row: &impl AnyRow, error: &StoreError) -> Option<RejectedRow> {
         "operation_time_from" | "operation_time_to" => RejectReason::Window,
         "timezone" => RejectReason::Zone,
         "cron_expression" => RejectReason::Cron,
+        "policy" => RejectReason::Policy,
         _ => RejectReason::Decode,
     };
     let branch_rule_id = (*table == "action_details")

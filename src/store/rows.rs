@@ -24,6 +24,10 @@ pub enum ColumnKind {
     Int32,
     /// TEXT holding JSON.
     Json,
+    /// TEXT holding JSON, or NULL: a JSON `null` is stored as NULL and NULL
+    /// reads back as `null` (a column that may be unset, like `policy`).
+    /// A stored text that is not JSON reads as a JSON string of that text.
+    NullableJson,
 }
 
 #[derive(Debug)]
@@ -74,6 +78,7 @@ pub const RULES: TableSpec = TableSpec {
         ("status", Text),
         ("cron_expression", Text),
         ("settings", Json),
+        ("policy", NullableJson),
         ("created_at", Int64),
         ("updated_at", Int64),
         ("created_by", Text),
@@ -115,6 +120,11 @@ pub const BRANCH_RULES: TableSpec = TableSpec {
         ("lock_time", Int64),
         ("lock_epoch", Int64),
         ("params", Json),
+        ("policy", NullableJson),
+        // Engine state, like next_run_time and the lock columns: the API
+        // shows them and never writes them.
+        ("retry_of", Int64),
+        ("failed_attempts", Int32),
         ("created_at", Int64),
         ("updated_at", Int64),
         ("created_by", Text),
@@ -190,6 +200,8 @@ fn param(spec: &TableSpec, column: &str, value: &Value) -> Result<Param, StoreEr
                 .ok_or_else(mismatch)?,
         )),
         (Json, v) => Param::Text(Some(v.to_string())),
+        (NullableJson, Value::Null) => Param::Text(None),
+        (NullableJson, v) => Param::Text(Some(v.to_string())),
         _ => return Err(mismatch()),
     })
 }
@@ -208,6 +220,14 @@ fn decode_row(spec: &TableSpec, row: &impl AnyRow) -> Result<Map<String, Value>,
             Bool => row.boolean(column).map_err(error)?.map(Value::Bool),
             Int64 => row.int64(column).map_err(error)?.map(Value::from),
             Int32 => row.int32(column).map_err(error)?.map(Value::from),
+            // Written with SQL, the text may not be JSON at all: the row
+            // still reads, the text as a JSON string, so the API (which
+            // validates such a column itself) can say what is wrong with
+            // it instead of failing the whole listing.
+            NullableJson => row
+                .text(column)
+                .map_err(error)?
+                .map(|text| serde_json::from_str(&text).unwrap_or(Value::String(text))),
             Json => match row.text(column).map_err(error)? {
                 Some(text) => {
                     Some(serde_json::from_str(&text).map_err(|e| StoreError::Decode {

@@ -1,34 +1,34 @@
 //! branch_rules and action_details.
 
 use super::catalog::decode_action_template;
-use super::decode::{AnyRow, RowReader, id_text, json_text, opt_id_text, opt_time_text};
+use super::decode::{
+    AnyRow, RowReader, id_text, json_text, opt_id_text, opt_time_text, policy_text,
+};
+use super::executions::branch_rule_columns;
 use super::{Store, StoreError};
 use crate::model::{ActionDetail, ActionTemplate, BranchRule};
 use uuid::Uuid;
 
 // ---- branch_rules ----------------------------------------------------------
 
-const INSERT_BRANCH_RULE: &str = "\
-INSERT INTO branch_rules (\
-id, branch_id, rule_id, brand_rule_id, \
-is_active, is_archived, is_force_stopped, is_currently_running, \
-operation_time_from, operation_time_to, next_run_time, last_run_time, \
-lock_holder, lock_time, lock_epoch, params, created_at, updated_at) \
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)";
+const INSERT_BRANCH_RULE: &str = concat!(
+    "INSERT INTO branch_rules (",
+    branch_rule_columns!(),
+    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
+     $17, $18, $19, $20, $21)"
+);
 
-pub(super) const SELECT_BRANCH_RULES: &str = "\
-SELECT id, branch_id, rule_id, brand_rule_id, \
-is_active, is_archived, is_force_stopped, is_currently_running, \
-operation_time_from, operation_time_to, next_run_time, last_run_time, \
-lock_holder, lock_time, lock_epoch, params, created_at, updated_at \
-FROM branch_rules ORDER BY id";
+pub(super) const SELECT_BRANCH_RULES: &str = concat!(
+    "SELECT ",
+    branch_rule_columns!(),
+    " FROM branch_rules ORDER BY id"
+);
 
-pub(super) const SELECT_BRANCH_RULES_CHANGED_SINCE: &str = "\
-SELECT id, branch_id, rule_id, brand_rule_id, \
-is_active, is_archived, is_force_stopped, is_currently_running, \
-operation_time_from, operation_time_to, next_run_time, last_run_time, \
-lock_holder, lock_time, lock_epoch, params, created_at, updated_at \
-FROM branch_rules WHERE updated_at >= $1 ORDER BY id";
+pub(super) const SELECT_BRANCH_RULES_CHANGED_SINCE: &str = concat!(
+    "SELECT ",
+    branch_rule_columns!(),
+    " FROM branch_rules WHERE updated_at >= $1 ORDER BY id"
+);
 
 pub(super) const COUNT_BRANCH_RULES: &str = "SELECT COUNT(*) FROM branch_rules";
 
@@ -51,6 +51,9 @@ pub(super) fn decode_branch_rule(row: &impl AnyRow) -> Result<BranchRule, StoreE
         lock_time: r.opt_i64("lock_time")?,
         lock_epoch: r.i64("lock_epoch")?,
         params: r.json("params")?,
+        policy: r.policy("policy")?,
+        retry_of: r.opt_i64("retry_of")?,
+        failed_attempts: r.i32("failed_attempts")?,
         created_at: r.i64("created_at")?,
         updated_at: r.i64("updated_at")?,
     })
@@ -111,6 +114,9 @@ impl Store {
             rule.lock_time,
             rule.lock_epoch,
             json_text(&rule.params),
+            policy_text(rule.policy.as_ref()),
+            rule.retry_of,
+            rule.failed_attempts,
             rule.created_at,
             rule.updated_at,
         )
