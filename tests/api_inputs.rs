@@ -526,6 +526,299 @@ both_backends!(
     }
 );
 
+// ---- scheduling policies ---------------------------------------------------
+
+/// Whether `table`'s row `id` holds SQL NULL in `policy`, read with SQL.
+async fn policy_is_null(running: &RunningService, table: &str, id: &str) -> bool {
+    use ruled::store::Store;
+    let sql = format!("SELECT policy FROM {table} WHERE id = '{id}'");
+    let sql = sqlx::AssertSqlSafe(sql);
+    let policy: Option<String> = match running.service.store() {
+        Store::Sqlite(pool) => sqlx::query_scalar(sql).fetch_one(pool).await.unwrap(),
+        Store::Postgres(pool) => sqlx::query_scalar(sql).fetch_one(pool).await.unwrap(),
+    };
+    policy.is_none()
+}
+
+both_backends!(
+    policies_are_stored_resolved_and_cleared,
+    tokio::test(flavor = "multi_thread", worker_threads = 2),
+    |db: TestDb| async move {
+        let (running, api) = start(&db, |c| c).await;
+        let f = fixture(&api).await;
+        let rule_policy = json!({
+            "misfire": "run_all", "catchup_max": 5, "max_attempts": 3, "backoff_seconds": 30,
+        });
+        let created = api
+            .post(
+                "/api/v1/rules",
+                &json!({ "name": "p", "cron_expression": "0 3 * * *", "policy": rule_policy }),
+            )
+            .await;
+        assert_eq!(created.status, StatusCode::CREATED, "{}", created.text);
+        assert_eq!(created.json["policy"], rule_policy);
+        let rule = id(&created);
+        let path = format!("/api/v1/rules/{rule}");
+        assert_eq!(api.get(&path).await.json["policy"], rule_policy);
+
+        // A branch rule overriding one field: its own policy as sent, the
+        // one in force field by field, no retry pending.
+        let body = json!({
+            "branch_id": f.branch, "rule_id": rule, "policy": { "max_attempts": 5 },
+        });
+        let created = api.post("/api/v1/branch-rules", &body).await;
+        assert_eq!(created.status, StatusCode::CREATED, "{}", created.text);
+        let overriding = id(&created);
+        let br_path = format!("/api/v1/branch-rules/{overriding}");
+        let shown = api.get(&br_path).await.json;
+        assert_eq!(shown["policy"], json!({ "max_attempts": 5 }));
+        assert_eq!(
+            shown["effective_policy"],
+            json!({
+                "misfire": "run_all", "catchup_window_seconds": null, "catchup_max": 5,
+                "overlap": "skip", "max_attempts": 5, "backoff_seconds": 30,
+                "backoff_max_seconds": 600, "start_jitter_seconds": 0,
+            })
+        );
+        assert_eq!(shown["retry_of"], Value::Null);
+        assert_eq!(shown["failed_attempts"], 0);
+        assert_eq!(created.json["effective_policy"], shown["effective_policy"]);
+        let listed = api.get("/api/v1/branch-rules?limit=1000").await.json;
+        let listed = listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["id"] == overriding.as_str())
+            .unwrap()
+            .clone();
+        assert_eq!(listed["effective_policy"], shown["effective_policy"]);
+
+        // Another field changed: the policy is kept.
+        let renamed = api.put(&path, &json!({ "name": "p2" })).await;
+        assert_eq!(renamed.status, StatusCode::OK, "{}", renamed.text);
+        assert_eq!(renamed.json["policy"], rule_policy);
+
+        // A new rule policy replaces the old one whole, and every branch
+        // rule of the rule resolves against it.
+        let replaced = api
+            .put(&path, &json!({ "policy": { "overlap": "buffer_one" } }))
+            .await;
+        assert_eq!(replaced.status, StatusCode::OK, "{}", replaced.text);
+        assert_eq!(replaced.json["policy"], json!({ "overlap": "buffer_one" }));
+        let effective = api.get(&br_path).await.json["effective_policy"].clone();
+        assert_eq!(effective["misfire"], "run_once");
+        assert_eq!(effective["overlap"], "buffer_one");
+        assert_eq!(effective["max_attempts"], 5);
+        assert_eq!(effective["backoff_seconds"], 10);
+
+        // `null` clears, stored as NULL; the rule's policy applies as it is.
+        let cleared = api.put(&br_path, &json!({ "policy": null })).await;
+        assert_eq!(cleared.status, StatusCode::OK, "{}", cleared.text);
+        assert_eq!(cleared.json["policy"], Value::Null);
+        assert_eq!(cleared.json["effective_policy"]["max_attempts"], 1);
+        assert_eq!(cleared.json["effective_policy"]["overlap"], "buffer_one");
+        assert!(policy_is_null(&running, "branch_rules", &overriding).await);
+        // An empty policy is none too.
+        let emptied = api.put(&path, &json!({ "policy": {} })).await;
+        assert_eq!(emptied.status, StatusCode::OK, "{}", emptied.text);
+        assert_eq!(emptied.json["policy"], Value::Null);
+        assert!(policy_is_null(&running, "rules", &rule).await);
+        let effective = api.get(&br_path).await.json["effective_policy"].clone();
+        assert_eq!(effective["overlap"], "skip");
+
+        // Created without one: NULL, the defaults in force.
+        let plain = branch_rule(&api, &f, json!({ "policy": null })).await;
+        assert!(policy_is_null(&running, "branch_rules", &plain).await);
+        let shown = api.get(&format!("/api/v1/branch-rules/{plain}")).await.json;
+        assert_eq!(shown["policy"], Value::Null);
+        assert_eq!(shown["effective_policy"]["misfire"], "run_once");
+        running.service.shutdown("test").await.unwrap();
+    }
+);
+
+both_backends!(
+    a_bad_policy_is_refused_naming_its_field_and_nothing_is_saved,
+    tokio::test(flavor = "multi_thread", worker_threads = 2),
+    |db: TestDb| async move {
+        let (running, api) = start(&db, |c| c).await;
+        let f = fixture(&api).await;
+        let existing = branch_rule(&api, &f, json!({ "policy": { "max_attempts": 2 } })).await;
+        let rule_path = format!("/api/v1/rules/{}", f.rule);
+        let br_path = format!("/api/v1/branch-rules/{existing}");
+        let before = everything(&api).await;
+        for (policy, field) in [
+            (json!({ "max_attempts": 0 }), "policy.max_attempts"),
+            (json!({ "max_attempts": 101 }), "policy.max_attempts"),
+            (json!({ "backoff_seconds": 1.5 }), "policy.backoff_seconds"),
+            (
+                json!({ "catchup_window_seconds": -1 }),
+                "policy.catchup_window_seconds",
+            ),
+            (
+                json!({ "start_jitter_seconds": "60" }),
+                "policy.start_jitter_seconds",
+            ),
+            (json!({ "retries": 1 }), "retries"),
+            (json!({ "misfire": "sometimes" }), "policy.misfire"),
+            (json!({ "overlap": "queue" }), "policy.overlap"),
+            (json!([]), "policy"),
+            (json!("run_all"), "policy"),
+        ] {
+            let rule = json!({ "name": "r", "cron_expression": "* * * * *", "policy": policy });
+            assert_400(&api.post("/api/v1/rules", &rule).await, field);
+            assert_400(
+                &api.put(&rule_path, &json!({ "policy": policy })).await,
+                field,
+            );
+            let body = json!({ "branch_id": f.branch, "rule_id": f.rule, "policy": policy });
+            assert_400(&api.post("/api/v1/branch-rules", &body).await, field);
+            assert_400(
+                &api.put(&br_path, &json!({ "policy": policy })).await,
+                field,
+            );
+        }
+        // The unknown key is named where it is.
+        let reply = api
+            .put(&br_path, &json!({ "policy": { "retries": 1 } }))
+            .await;
+        assert!(
+            reply.error_message().starts_with("policy.retries:"),
+            "{}",
+            reply.text
+        );
+        assert_eq!(
+            everything(&api).await,
+            before,
+            "a refused policy changed something"
+        );
+        running.service.shutdown("test").await.unwrap();
+    }
+);
+
+both_backends!(
+    a_stored_policy_that_is_not_one_is_shown_with_why,
+    tokio::test(flavor = "multi_thread", worker_threads = 2),
+    |db: TestDb| async move {
+        let (running, api) = start(&db, |c| c).await;
+        let f = fixture(&api).await;
+        let branch_rule = branch_rule(&api, &f, json!({})).await;
+        // Written with SQL, around the API's checks.
+        let sql = format!(
+            "UPDATE rules SET policy = '{{\"max_attempts\": 0}}' WHERE id = '{}'",
+            f.rule
+        );
+        assert_eq!(running.service.store().execute_sql(&sql).await.unwrap(), 1);
+        let rule = api.get(&format!("/api/v1/rules/{}", f.rule)).await;
+        assert_eq!(rule.status, StatusCode::OK, "{}", rule.text);
+        assert_eq!(rule.json["policy"], Value::Null);
+        let why = rule.json["policy_error"].as_str().unwrap_or_default();
+        assert!(why.starts_with("policy.max_attempts"), "{}", rule.text);
+        let shown = api
+            .get(&format!("/api/v1/branch-rules/{branch_rule}"))
+            .await;
+        assert_eq!(shown.status, StatusCode::OK, "{}", shown.text);
+        assert_eq!(shown.json["effective_policy"], Value::Null);
+        let why = shown.json["policy_error"].as_str().unwrap_or_default();
+        assert!(
+            why.contains(&f.rule) && why.contains("policy.max_attempts"),
+            "{}",
+            shown.text
+        );
+        // Text that is not JSON at all: the listing still answers.
+        let sql =
+            format!("UPDATE branch_rules SET policy = 'retry twice' WHERE id = '{branch_rule}'");
+        assert_eq!(running.service.store().execute_sql(&sql).await.unwrap(), 1);
+        let listed = api.get("/api/v1/branch-rules").await;
+        assert_eq!(listed.status, StatusCode::OK, "{}", listed.text);
+        let shown = api
+            .get(&format!("/api/v1/branch-rules/{branch_rule}"))
+            .await;
+        assert_eq!(shown.status, StatusCode::OK, "{}", shown.text);
+        assert_eq!(shown.json["policy"], Value::Null);
+        assert_eq!(shown.json["effective_policy"], Value::Null);
+        let why = shown.json["policy_error"].as_str().unwrap_or_default();
+        assert!(why.starts_with("policy"), "{}", shown.text);
+        let cleared = api
+            .put(
+                &format!("/api/v1/branch-rules/{branch_rule}"),
+                &json!({ "policy": null }),
+            )
+            .await;
+        assert_eq!(cleared.status, StatusCode::OK, "{}", cleared.text);
+        // Fixed through the API, it is in force again.
+        let fixed = api
+            .put(
+                &format!("/api/v1/rules/{}", f.rule),
+                &json!({ "policy": { "max_attempts": 4 } }),
+            )
+            .await;
+        assert_eq!(fixed.status, StatusCode::OK, "{}", fixed.text);
+        assert!(fixed.json.get("policy_error").is_none(), "{}", fixed.text);
+        let shown = api
+            .get(&format!("/api/v1/branch-rules/{branch_rule}"))
+            .await
+            .json;
+        assert_eq!(shown["effective_policy"]["max_attempts"], 4);
+        running.service.shutdown("test").await.unwrap();
+    }
+);
+
+both_backends!(
+    executions_are_listed_by_status_skipped_included,
+    tokio::test(flavor = "multi_thread", worker_threads = 2),
+    |db: TestDb| async move {
+        let (running, api) = start(&db, |c| c).await;
+        let f = fixture(&api).await;
+        let branch_rule = branch_rule(&api, &f, json!({})).await;
+        // As the master records an occurrence a policy did not run.
+        let skipped = uuid::Uuid::new_v4();
+        let completed = uuid::Uuid::new_v4();
+        for (id, status, at, error) in [
+            (
+                skipped,
+                "skipped",
+                1_000_000,
+                "'misfire: a later occurrence ran in its place'",
+            ),
+            (completed, "completed", 2_000_000, "NULL"),
+        ] {
+            let sql = format!(
+                "INSERT INTO executions (id, branch_rule_id, scheduled_for, status, attempt, \
+                 owner, lock_epoch, requested_at, finished_at, error) \
+                 VALUES ('{id}', '{branch_rule}', {at}, '{status}', 1, 'test', 0, {at}, {at}, {error})"
+            );
+            assert_eq!(running.service.store().execute_sql(&sql).await.unwrap(), 1);
+        }
+        let reply = api.get("/api/v1/executions?status=skipped").await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+        let items = reply.json["items"].as_array().unwrap().clone();
+        assert_eq!(items.len(), 1, "{}", reply.text);
+        assert_eq!(items[0]["id"], skipped.to_string());
+        assert_eq!(items[0]["status"], "skipped");
+        assert!(
+            items[0]["error"].as_str().unwrap().starts_with("misfire"),
+            "{}",
+            reply.text
+        );
+        let reply = api
+            .get(&format!(
+                "/api/v1/executions?status=completed&branch_rule_id={branch_rule}"
+            ))
+            .await;
+        let items = reply.json["items"].as_array().unwrap().clone();
+        assert_eq!(items.len(), 1, "{}", reply.text);
+        assert_eq!(items[0]["id"], completed.to_string());
+        let one = api.get(&format!("/api/v1/executions/{skipped}")).await;
+        assert_eq!(one.json["status"], "skipped", "{}", one.text);
+        // A terminal run: nothing to cancel.
+        let cancel = api
+            .post_empty(&format!("/api/v1/executions/{skipped}/cancel"))
+            .await;
+        assert_eq!(cancel.status, StatusCode::CONFLICT, "{}", cancel.text);
+        running.service.shutdown("test").await.unwrap();
+    }
+);
+
 // ---- SSRF ------------------------------------------------------------------
 
 /// The guard works on the address a job connects to, whatever the

@@ -205,6 +205,30 @@ rejects!(next_run_time_not_rfc3339, "next_run_time", |f| (
     json!({ "next_run_time": "tomorrow" })
 ));
 
+rejects!(policy_attempts_below_one, "policy.max_attempts", |_f| (
+    Method::POST,
+    "/api/v1/rules".into(),
+    json!({ "name": "r", "cron_expression": "* * * * *", "policy": { "max_attempts": 0 } })
+));
+
+rejects!(policy_with_an_unknown_key, "policy.retries", |f| (
+    Method::PUT,
+    format!("/api/v1/branch-rules/{}", f.branch_rule),
+    json!({ "policy": { "retries": 1 } })
+));
+
+rejects!(policy_misfire_outside_its_set, "policy.misfire", |f| (
+    Method::PUT,
+    format!("/api/v1/rules/{}", f.rule),
+    json!({ "policy": { "misfire": "sometimes" } })
+));
+
+rejects!(policy_that_is_not_an_object, "policy", |f| (
+    Method::POST,
+    "/api/v1/branch-rules".into(),
+    json!({ "branch_id": f.branch, "rule_id": f.rule, "policy": [] })
+));
+
 both_backends!(
     preview_count_out_of_range,
     tokio::test(flavor = "multi_thread", worker_threads = 2),

@@ -26,18 +26,18 @@ use super::error::{ApiError, ApiResult};
 use super::extract::{ApiJson, Caller};
 use super::present::{REDACTED, keep_stored_secrets, local_time};
 use super::schema::{
-    CronText, JsonObject, Name, RequestTime, TimeOfDayText, ZoneName, json_object,
+    CronText, JsonObject, Name, ObjectOnly, RequestTime, TimeOfDayText, ZoneName, json_object,
 };
 use super::views::{
     ActionDetail, ActionTemplate, Archived, Branch, BranchRule, Brand, CancelledRun, Rule,
-    RuleStatus, RunCancel, from_row,
+    RuleStatus, RunCancel, from_row, stored_policy,
 };
 use crate::actors::ask;
 use crate::messages::master::CancelOutcome;
 use crate::messages::{MasterMsg, RefresherMsg};
 use crate::metrics as m;
 use crate::plan::{ResolveError, ScheduleParts, resolve_schedule, resolve_zone};
-use crate::schedule::{CronSchedule, ScheduleCache, next_after_millis};
+use crate::schedule::{CronSchedule, EffectivePolicy, Policy, ScheduleCache, next_after_millis};
 use crate::store::CatalogScope;
 use crate::store::rows::{
     ACTION_DETAILS, ACTION_TEMPLATES, BRANCH_RULES, BRANCHES, BRAND_RULES, BRANDS, RULES, TableSpec,
@@ -74,8 +74,42 @@ fn present_not_null<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
     T::deserialize(deserializer).map(Some)
 }
 
+/// A `policy`: a JSON object (serde alone would also take an array of
+/// its fields), or `null` for none.
+fn policy_object<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Policy>, D::Error> {
+    Option::<ObjectOnly<Policy>>::deserialize(deserializer).map(|p| p.map(|p| p.0))
+}
+
+/// A `policy` of an update, whose `null` means something (clear it): left
+/// out is `None`, `null` is `Some(None)`.
+fn nullable_policy<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<Option<Policy>>, D::Error> {
+    policy_object(deserializer).map(Some)
+}
+
 /// A JSON object of the caller's own keys (brand and rule `settings`).
 pub type Settings = Map<String, Value>;
+
+/// The `policy` column as a create or update writes it: the policy's
+/// stored form ([`Policy::to_json_text`]), so an empty policy (`{}`) is
+/// stored as none (`NULL`), as `null` is.
+fn policy_column(policy: Option<&Policy>) -> Value {
+    Policy::to_json_text(policy)
+        .and_then(|text| serde_json::from_str(&text).ok())
+        .unwrap_or(Value::Null)
+}
+
+/// `map` with its `policy` (as [`to_map`] copied it) replaced by the
+/// stored form: `Some(p)` sets it (`None` inside: clears it), `None` leaves
+/// the column alone.
+fn with_policy(mut map: Map<String, Value>, policy: Option<Option<&Policy>>) -> Map<String, Value> {
+    map.remove("policy");
+    if let Some(policy) = policy {
+        map.insert("policy".into(), policy_column(policy));
+    }
+    map
+}
 
 /// An action's config or params: any JSON object, with `timeout_ms` (http,
 /// command) and `ms` (sleep) whole milliseconds no longer than a job may
@@ -840,9 +874,18 @@ pub struct RuleCreate {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<JsonObject>)]
     settings: Option<Settings>,
+    /// The scheduling policy of its branch rules, each of which may
+    /// override any field; `null`, `{}` or left out: none (the defaults).
+    #[serde(
+        default,
+        deserialize_with = "policy_object",
+        skip_serializing_if = "Option::is_none"
+    )]
+    policy: Option<Policy>,
 }
 
-/// Fields left out (or `null`) keep their stored values.
+/// Fields left out (or `null`) keep their stored values, except `policy`,
+/// which `null` clears.
 #[derive(Debug, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RuleUpdate {
@@ -857,6 +900,15 @@ pub struct RuleUpdate {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<JsonObject>)]
     settings: Option<Settings>,
+    /// Replaces the stored policy whole; `null` or `{}` clears it, left
+    /// out keeps it.
+    #[serde(
+        default,
+        deserialize_with = "nullable_policy",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schema(value_type = Option<Policy>)]
+    policy: Option<Option<Policy>>,
 }
 
 #[utoipa::path(post, path = "/rules", tag = "rules", request_body = RuleCreate,
@@ -869,7 +921,7 @@ pub async fn create_rule(
     if let Some(brand_id) = input.brand_id {
         live_parent(&s, &BRANDS, "brand", "brand_id", brand_id).await?;
     }
-    let mut map = to_map(&input);
+    let mut map = with_policy(to_map(&input), input.policy.as_ref().map(Some));
     map.entry("status")
         .or_insert(Value::String("active".into()));
     map.entry("settings").or_insert(json!({}));
@@ -907,7 +959,8 @@ pub async fn update_rule(
     if let Some(brand_id) = input.brand_id {
         live_parent(&s, &BRANDS, "brand", "brand_id", brand_id).await?;
     }
-    let row = update_one(&s, &RULES, "rule", &id, to_map(&input), &caller).await?;
+    let map = with_policy(to_map(&input), input.policy.as_ref().map(Option::as_ref));
+    let row = update_one(&s, &RULES, "rule", &id, map, &caller).await?;
     if input.cron_expression.is_some() {
         recompute_next_runs(&s, ("rule_id", &row["id"])).await?;
     }
@@ -1105,6 +1158,14 @@ pub struct BranchRuleCreate {
     next_run_time: Option<RequestTime>,
     #[serde(skip_serializing_if = "Option::is_none")]
     params: Option<ActionConfig>,
+    /// Overrides fields of its rule's policy; `null`, `{}` or left out:
+    /// the rule's policy as it is.
+    #[serde(
+        default,
+        deserialize_with = "policy_object",
+        skip_serializing_if = "Option::is_none"
+    )]
+    policy: Option<Policy>,
     /// The rule's actions, inserted in the same transaction so the rule
     /// never runs without them. A detail without a position takes its
     /// index in the list.
@@ -1112,8 +1173,8 @@ pub struct BranchRuleCreate {
     action_details: Option<Vec<ActionDetailCreate>>,
 }
 
-/// Fields left out (or `null`) keep their stored values; the window is
-/// changed as a pair.
+/// Fields left out (or `null`) keep their stored values, except `policy`,
+/// which `null` clears; the window is changed as a pair.
 #[derive(Debug, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BranchRuleUpdate {
@@ -1143,6 +1204,15 @@ pub struct BranchRuleUpdate {
     next_run_time: Option<RequestTime>,
     #[serde(skip_serializing_if = "Option::is_none")]
     params: Option<ActionConfig>,
+    /// Replaces its stored policy whole; `null` or `{}` clears it (the
+    /// rule's policy applies as it is), left out keeps it.
+    #[serde(
+        default,
+        deserialize_with = "nullable_policy",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schema(value_type = Option<Policy>)]
+    policy: Option<Option<Policy>>,
 }
 
 /// A window has both bounds or neither: one alone would silently mean no
@@ -1296,19 +1366,57 @@ async fn recompute_next_runs(state: &ApiState, filter: (&str, &Value)) -> ApiRes
     Ok(())
 }
 
-/// A branch rule as the API shows it, with `next_run_time_local` and its
-/// action details.
+/// The policy in force for a branch rule row, by the one resolver the
+/// plan uses: its own fields over its rule's over the defaults; or why a
+/// stored policy, its own or its rule's, is not one.
+async fn effective_policy_of(
+    state: &ApiState,
+    row: &Map<String, Value>,
+) -> ApiResult<Result<EffectivePolicy, String>> {
+    let own = match stored_policy(row.get("policy")) {
+        Ok(own) => own,
+        Err(problem) => return Ok(Err(problem)),
+    };
+    let rule_id = row
+        .get("rule_id")
+        .and_then(Value::as_str)
+        .and_then(|s| Uuid::parse_str(s).ok());
+    let rule = match rule_id {
+        Some(rule_id) => state.store().row(&RULES, rule_id).await?,
+        None => None,
+    };
+    let rules = match stored_policy(rule.as_ref().and_then(|r| r.get("policy"))) {
+        Ok(rules) => rules,
+        Err(problem) => {
+            let rule_id = rule_id.map(|id| id.to_string()).unwrap_or_default();
+            return Ok(Err(format!("its rule {rule_id}'s {problem}")));
+        }
+    };
+    Ok(Ok(EffectivePolicy::resolve(rules.as_ref(), own.as_ref())))
+}
+
+/// A branch rule as the API shows it, with `next_run_time_local`, the
+/// policy in force and its action details.
 pub async fn present_branch_rule(
     state: &ApiState,
     row: Map<String, Value>,
 ) -> ApiResult<BranchRule> {
     let zone = zone_of_branch(state, row.get("branch_id").unwrap_or(&Value::Null)).await?;
+    let policy = effective_policy_of(state, &row).await?;
     let id = row.get("id").cloned().unwrap_or(Value::Null);
     let details = state
         .store()
         .rows(&ACTION_DETAILS, Some(("branch_rule_id", &id)))
         .await?;
     let mut shown: BranchRule = from_row(row)?;
+    match policy {
+        Ok(policy) => shown.effective_policy = Some(policy),
+        // Shown, not guessed, as a bad schedule is.
+        Err(problem) => {
+            shown.effective_policy = None;
+            shown.policy_error = Some(problem);
+        }
+    }
     match zone {
         Ok(zone) => {
             shown.next_run_time_local = shown
@@ -1382,7 +1490,8 @@ pub async fn create_branch_rule(
     }
     let now = s.clock().now_ms();
     let id = Uuid::new_v4();
-    let mut map = with_next_run(to_map(&input), input.next_run_time);
+    let map = with_policy(to_map(&input), input.policy.as_ref().map(Some));
+    let mut map = with_next_run(map, input.next_run_time);
     map.insert("id".into(), Value::String(id.to_string()));
     map.entry("is_active").or_insert(Value::Bool(true));
     map.entry("params").or_insert(json!({}));
@@ -1474,7 +1583,8 @@ pub async fn update_branch_rule(
     if let Some(brand_rule) = input.brand_rule_id {
         live_parent(&s, &BRAND_RULES, "brand rule", "brand_rule_id", brand_rule).await?;
     }
-    let map = with_next_run(to_map(&input), input.next_run_time);
+    let map = with_policy(to_map(&input), input.policy.as_ref().map(Option::as_ref));
+    let map = with_next_run(map, input.next_run_time);
     let schedule_changed =
         input.rule_id.is_some() || input.branch_id.is_some() || input.brand_rule_id.is_some();
     let row = update_one(&s, &BRANCH_RULES, "branch rule", &id, map, &caller).await?;
@@ -1802,6 +1912,61 @@ mod input_tests {
         assert!(read(r#"{}"#).unwrap().operation_time_from.is_none());
         assert!(read(r#"{"operation_time_from": "22:00"}"#).is_ok());
         assert!(read(r#"{"operation_time_from": null}"#).is_err());
+    }
+
+    /// The error a body gets, as the API reads it (serde_path_to_error).
+    fn refusal<T: DeserializeOwned + std::fmt::Debug>(body: &str) -> String {
+        let deserializer = &mut serde_json::Deserializer::from_str(body);
+        let error = serde_path_to_error::deserialize::<_, T>(deserializer).unwrap_err();
+        format!("{}: {}", error.path(), error.inner())
+    }
+
+    #[test]
+    fn a_policy_is_set_kept_or_cleared_on_update() {
+        let read = |body: &str| serde_json::from_str::<RuleUpdate>(body).unwrap();
+        let column = |update: RuleUpdate| {
+            with_policy(to_map(&update), update.policy.as_ref().map(Option::as_ref))
+                .get("policy")
+                .cloned()
+        };
+        assert_eq!(column(read(r#"{"name": "r"}"#)), None, "left out: kept");
+        assert_eq!(column(read(r#"{"policy": null}"#)), Some(Value::Null));
+        assert_eq!(column(read(r#"{"policy": {}}"#)), Some(Value::Null));
+        assert_eq!(
+            column(read(
+                r#"{"policy": {"max_attempts": 3.0, "misfire": "skip"}}"#
+            )),
+            Some(json!({"misfire": "skip", "max_attempts": 3}))
+        );
+        let branch_rule = serde_json::from_str::<BranchRuleUpdate>(r#"{"policy": null}"#).unwrap();
+        assert_eq!(branch_rule.policy, Some(None));
+    }
+
+    #[test]
+    fn a_bad_policy_is_refused_naming_its_field() {
+        let error = refusal::<RuleCreate>(
+            r#"{"name": "r", "cron_expression": "* * * * *", "policy": {"max_attempts": 0}}"#,
+        );
+        assert!(error.starts_with("policy.max_attempts: "), "{error}");
+        let error = refusal::<BranchRuleUpdate>(r#"{"policy": {"retries": 1}}"#);
+        assert!(
+            error.starts_with("policy.retries: unknown field `retries`"),
+            "{error}"
+        );
+        let error = refusal::<RuleUpdate>(r#"{"policy": {"misfire": "sometimes"}}"#);
+        assert!(
+            error.starts_with("policy.misfire: unknown variant"),
+            "{error}"
+        );
+        // An array is not an object, though serde would read one as a struct.
+        for body in [
+            r#"{"policy": []}"#,
+            r#"{"policy": ["skip"]}"#,
+            r#"{"policy": 3}"#,
+        ] {
+            let error = refusal::<RuleUpdate>(body);
+            assert!(error.starts_with("policy: invalid type"), "{body}: {error}");
+        }
     }
 
     #[test]

@@ -224,6 +224,7 @@ fn complete(document: &mut Value) {
             );
         }
     }
+    effective_policy_ranges(document);
     let Some(paths) = document.get_mut("paths").and_then(Value::as_object_mut) else {
         return;
     };
@@ -245,6 +246,39 @@ fn complete(document: &mut Value) {
     for (path, item) in paths.iter_mut() {
         if let Some(operation) = item.get_mut("post") {
             add_links(path, &templates, operation, &snapshot);
+        }
+    }
+}
+
+/// The policy in force takes each number from a policy or the default,
+/// which lies in the same range: the document says so with the policy's
+/// own bounds and descriptions, which the derived schema of
+/// [`crate::schedule::EffectivePolicy`] (plain integers) cannot.
+fn effective_policy_ranges(document: &mut Value) {
+    let Some(policy) = document
+        .pointer("/components/schemas/Policy/properties")
+        .and_then(Value::as_object)
+        .cloned()
+    else {
+        return;
+    };
+    let Some(effective) = document
+        .pointer_mut("/components/schemas/EffectivePolicy/properties")
+        .and_then(Value::as_object_mut)
+    else {
+        return;
+    };
+    for (name, property) in effective.iter_mut() {
+        let Some(set) = policy.get(name) else {
+            continue;
+        };
+        for key in ["minimum", "maximum", "description"] {
+            let value = set
+                .get(key)
+                .or_else(|| set.pointer(&format!("/oneOf/0/{key}")));
+            if let Some(value) = value {
+                property[key] = value.clone();
+            }
         }
     }
 }
@@ -453,6 +487,88 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn the_policy_is_described_with_its_bounds_and_choices() {
+        let schemas = &DOCUMENT["components"]["schemas"];
+        let policy = &schemas["Policy"];
+        assert_eq!(policy["additionalProperties"], false, "{policy}");
+        for (field, minimum, maximum) in [
+            ("catchup_window_seconds", 1, 31_536_000),
+            ("catchup_max", 1, 1000),
+            ("max_attempts", 1, 100),
+            ("backoff_seconds", 0, 86_400),
+            ("backoff_max_seconds", 0, 604_800),
+            ("start_jitter_seconds", 0, 3_600),
+        ] {
+            let property = &policy["properties"][field];
+            assert_eq!(property["minimum"], minimum, "{field}: {property}");
+            assert_eq!(property["maximum"], maximum, "{field}: {property}");
+            let effective = &schemas["EffectivePolicy"]["properties"][field];
+            assert_eq!(effective["minimum"], minimum, "{field}: {effective}");
+            assert_eq!(effective["maximum"], maximum, "{field}: {effective}");
+        }
+        assert_eq!(
+            schemas["Misfire"]["enum"],
+            json!(["run_once", "skip", "run_all"])
+        );
+        assert_eq!(
+            schemas["Overlap"]["enum"],
+            json!(["skip", "buffer_one", "cancel_running"])
+        );
+        // Taken by both inputs of rules and branch rules, `null` allowed
+        // (none on a create, clear on an update); shown on both views.
+        for input in [
+            "RuleCreate",
+            "RuleUpdate",
+            "BranchRuleCreate",
+            "BranchRuleUpdate",
+        ] {
+            let field = &schemas[input]["properties"]["policy"]["oneOf"];
+            assert_eq!(field[0]["$ref"], "#/components/schemas/Policy", "{input}");
+            assert_eq!(field[1]["type"], "null", "{input}");
+        }
+        for view in ["Rule", "BranchRule"] {
+            let field = &schemas[view]["properties"]["policy"]["oneOf"];
+            assert_eq!(field[0]["$ref"], "#/components/schemas/Policy", "{view}");
+        }
+        let branch_rule = &schemas["BranchRule"]["properties"];
+        assert_eq!(
+            branch_rule["effective_policy"]["oneOf"][0]["$ref"],
+            "#/components/schemas/EffectivePolicy"
+        );
+        for field in ["retry_of", "failed_attempts"] {
+            assert!(branch_rule.get(field).is_some(), "{field}");
+        }
+    }
+
+    #[test]
+    fn executions_are_listed_by_every_status_skipped_included() {
+        let statuses = &DOCUMENT["components"]["schemas"]["ExecutionStatus"]["enum"];
+        let statuses: Vec<&str> = statuses
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        let all: Vec<&str> = crate::model::ExecutionStatus::ALL
+            .iter()
+            .map(|s| s.as_str())
+            .collect();
+        assert_eq!(statuses, all);
+        assert!(statuses.contains(&"skipped"));
+        let parameters = &DOCUMENT["paths"]["/api/v1/executions"]["get"]["parameters"];
+        let status = parameters
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == "status")
+            .unwrap();
+        assert_eq!(
+            status["schema"]["$ref"],
+            "#/components/schemas/ExecutionStatus"
+        );
     }
 
     #[test]

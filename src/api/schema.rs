@@ -337,6 +337,46 @@ pub fn json_object() -> ObjectBuilder {
         .additional_properties(Some(Ref::from_schema_name("JsonValue")))
 }
 
+/// A struct read only from a JSON object. serde also reads a struct from
+/// an array of its fields in order, so `[]` would pass for a struct whose
+/// fields are all optional (a `policy`), though the document says object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectOnly<T>(pub T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for ObjectOnly<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        T::deserialize(MapOnly(deserializer)).map(ObjectOnly)
+    }
+}
+
+/// A deserializer that reads a struct as a map only; everything else as
+/// the one it wraps. The wrapped one's visitor (serde_path_to_error's)
+/// still sees every key, so an error names the field inside.
+struct MapOnly<D>(D);
+
+impl<'de, D: Deserializer<'de>> Deserializer<'de> for MapOnly<D> {
+    type Error = D::Error;
+
+    fn deserialize_any<V: serde::de::Visitor<'de>>(self, visitor: V) -> Result<V::Value, D::Error> {
+        self.0.deserialize_any(visitor)
+    }
+
+    fn deserialize_struct<V: serde::de::Visitor<'de>>(
+        self,
+        _name: &'static str,
+        _fields: &'static [&'static str],
+        visitor: V,
+    ) -> Result<V::Value, D::Error> {
+        self.0.deserialize_map(visitor)
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+        byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map enum
+        identifier ignored_any
+    }
+}
+
 impl fmt::Display for Name {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
@@ -464,6 +504,34 @@ mod tests {
                 "{}", text
             );
         }
+    }
+
+    #[test]
+    fn an_object_only_struct_refuses_an_array() {
+        #[derive(Debug, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Loose {
+            #[serde(default)]
+            n: Option<u8>,
+        }
+        assert!(
+            read::<Loose>("[]").is_ok(),
+            "serde's own reading takes an array"
+        );
+        assert!(
+            read::<ObjectOnly<Loose>>("[]")
+                .unwrap_err()
+                .contains("invalid type")
+        );
+        assert_eq!(
+            read::<ObjectOnly<Loose>>(r#"{"n": 2}"#).unwrap().0.n,
+            Some(2)
+        );
+        assert!(read::<ObjectOnly<Loose>>(r#"{"m": 2}"#).is_err());
+        let deserializer = &mut serde_json::Deserializer::from_str(r#"{"n": 300}"#);
+        let error =
+            serde_path_to_error::deserialize::<_, ObjectOnly<Loose>>(deserializer).unwrap_err();
+        assert_eq!(error.path().to_string(), "n");
     }
 
     #[test]

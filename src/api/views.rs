@@ -9,8 +9,8 @@
 //! (strings of UUID format): a row an operator wrote with SQL is listed,
 //! not turned into a 500.
 
-use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
+use serde::de::{DeserializeOwned, IgnoredAny};
+use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 use utoipa::ToSchema;
 use uuid::Uuid;
@@ -22,9 +22,13 @@ use crate::messages::master::CancelOutcome;
 use crate::model::{ExecutionStatus, RejectedRow};
 use crate::plan::PlanStats;
 use crate::queue::QueueStats;
+use crate::schedule::{EffectivePolicy, Policy};
 
 /// A stored row read into its view, secrets hidden on the way: the JSON
-/// columns by the action config schema, URLs in error text.
+/// columns by the action config schema, URLs in error text. A stored
+/// `policy` is shown as the plan reads it (`{}` is none, `null`), and one
+/// that is not a policy (written with SQL) as `null` with `policy_error`
+/// saying why, not turned into a 500.
 pub fn from_row<T: DeserializeOwned>(mut row: Map<String, Value>) -> Result<T, ApiError> {
     for (key, value) in row.iter_mut() {
         match key.as_str() {
@@ -33,7 +37,42 @@ pub fn from_row<T: DeserializeOwned>(mut row: Map<String, Value>) -> Result<T, A
             _ => {}
         }
     }
+    if row.contains_key("policy") {
+        let policy = match stored_policy(row.get("policy")) {
+            Ok(policy) => serde_json::to_value(policy).unwrap_or(Value::Null),
+            Err(problem) => {
+                row.insert("policy_error".into(), Value::String(problem));
+                Value::Null
+            }
+        };
+        row.insert("policy".into(), policy);
+    }
     from_value(Value::Object(row))
+}
+
+/// A field of a view that no column holds (the presenter fills it in):
+/// whatever a row has under its name is ignored.
+fn not_stored<'de, D: Deserializer<'de>, T>(deserializer: D) -> Result<Option<T>, D::Error> {
+    IgnoredAny::deserialize(deserializer)?;
+    Ok(None)
+}
+
+/// A `policy` column as read ([`crate::store::rows`] parses its JSON
+/// text, and gives text that is not JSON as a string): none for `NULL` or
+/// `{}`, or why it is not a policy (the field and what is wrong with it).
+pub fn stored_policy(column: Option<&Value>) -> Result<Option<Policy>, String> {
+    match column {
+        None | Some(Value::Null) => Ok(None),
+        // Empty text, which the plan reads as no policy too.
+        Some(Value::String(text)) if text.trim().is_empty() => Ok(None),
+        // No policy is a string: the text is not JSON (the parser says
+        // where), or a JSON string.
+        Some(Value::String(text)) => Err(match Policy::from_json_text(Some(text)) {
+            Err(problem) => problem,
+            Ok(_) => format!("policy: {text:?} is a JSON string, not an object"),
+        }),
+        Some(value) => Policy::from_json_text(Some(&value.to_string())),
+    }
 }
 
 /// A value read into its view; one that does not fit is a 500, logged.
@@ -100,6 +139,13 @@ pub struct Rule {
     pub cron_expression: String,
     #[schema(value_type = Object)]
     pub settings: Value,
+    /// The scheduling policy of its branch rules, as stored; each may
+    /// override any field. `null`: none (the defaults).
+    pub policy: Option<Policy>,
+    /// Why the stored policy is not one (written with SQL), when it is
+    /// not; `policy` is then `null` and the plan holds its branch rules.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_error: Option<String>,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
     pub created_by: Option<String>,
@@ -171,10 +217,26 @@ pub struct BranchRule {
     pub lock_epoch: i64,
     #[schema(value_type = Object)]
     pub params: Value,
+    /// Overrides fields of its rule's policy, as stored; `null`: none.
+    pub policy: Option<Policy>,
+    /// A retry is pending: the occurrence it retries (`next_run_time` is
+    /// the retry's time). `null`: none.
+    pub retry_of: Option<Timestamp>,
+    /// Failed attempts of the occurrence in `retry_of`, counted against
+    /// `max_attempts`.
+    pub failed_attempts: i32,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
     pub created_by: Option<String>,
     pub updated_by: Option<String>,
+    /// The policy in force: its own fields, then its rule's, then the
+    /// defaults. `null` when a stored policy, its own or its rule's, is
+    /// not one (`policy_error` says why; the plan holds it until fixed).
+    #[serde(default, deserialize_with = "not_stored")]
+    pub effective_policy: Option<EffectivePolicy>,
+    /// Why its stored policy or its rule's is not one, when it is not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_error: Option<String>,
     /// `next_run_time` in the branch's zone, with its offset.
     #[serde(default)]
     #[schema(format = DateTime)]
@@ -496,6 +558,35 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_stored_policy_that_is_not_one_is_shown_with_why() {
+        let row = |policy: Value| {
+            let Value::Object(row) = serde_json::json!({
+                "id": "r", "brand_id": null, "name": "r", "status": "active",
+                "cron_expression": "* * * * *", "settings": {}, "policy": policy,
+                "created_at": 0, "updated_at": 0, "created_by": null, "updated_by": null,
+                "archived_at": null,
+            }) else {
+                unreachable!()
+            };
+            serde_json::to_value(from_row::<Rule>(row).unwrap()).unwrap()
+        };
+        let good = row(serde_json::json!({"max_attempts": 3}));
+        assert_eq!(good["policy"], serde_json::json!({"max_attempts": 3}));
+        assert!(good.get("policy_error").is_none(), "{good}");
+        assert_eq!(row(Value::Null)["policy"], Value::Null);
+        let bad = row(serde_json::json!({"max_attempts": 0}));
+        assert_eq!(bad["policy"], Value::Null);
+        let why = bad["policy_error"].as_str().unwrap();
+        assert!(why.starts_with("policy.max_attempts:"), "{why}");
+        // Stored text that is not JSON comes from the store as a string.
+        for text in ["{max_attempts: 2", "{}", "null"] {
+            let why = row(Value::String(text.into()))["policy_error"].clone();
+            assert!(why.as_str().unwrap().starts_with("policy"), "{text}: {why}");
+        }
+        assert!(row(Value::String(" ".into())).get("policy_error").is_none());
     }
 
     #[test]
