@@ -32,7 +32,7 @@ use crate::plan::{Ending, JobSpec, decide_due, overlap_due};
 use crate::schedule::Overlap;
 use crate::queue::{DedupReason, JobQueue, WorkerPool};
 use crate::recovery;
-use crate::store::{Store, Transition, TransitionBatcher};
+use crate::store::{Store, StoreError, Transition, TransitionBatcher};
 
 pub struct MasterActor;
 
@@ -310,6 +310,7 @@ impl MasterState {
         let pending = self.queue.queued_len() + self.claiming.len();
         let budget = (self.pool.idle_len() + self.args.config.worker_count).saturating_sub(pending);
         let mut admitted = Vec::new();
+        let mut skip_errors = 0;
         for spec in ready.jobs {
             if admitted.len() >= budget {
                 break;
@@ -323,11 +324,18 @@ impl MasterState {
                     .admit(id, now, row.is_currently_running, row.next_run_time)
             };
             match check {
-                Ok(()) => {
-                    if let Some(spec) = self.apply_misfire_policy(spec, now).await {
-                        admitted.push(spec);
+                Ok(()) => match self.apply_misfire_policy(spec, now).await {
+                    Ok(Some(spec)) => admitted.push(spec),
+                    Ok(None) => {}
+                    Err(e) => {
+                        // Like a failed claim: nothing runs for it now, and
+                        // the next fetch decides again. One line per fetch.
+                        if skip_errors == 0 {
+                            warn!("⚠️ Skipped occurrences not recorded, nothing run for them: {e}");
+                        }
+                        skip_errors += 1;
                     }
-                }
+                },
                 Err(reason) => {
                     metrics::counter!(m::JOBS_DEDUPLICATED_TOTAL, "reason" => reason.as_str())
                         .increment(1);
@@ -346,14 +354,18 @@ impl MasterState {
     /// recorded and next_run_time moved in one write that holds only if
     /// next_run_time is still what the plan showed. Returns the spec to
     /// claim, if anything runs now.
-    async fn apply_misfire_policy(&mut self, mut spec: JobSpec, now: Millis) -> Option<JobSpec> {
+    async fn apply_misfire_policy(
+        &mut self,
+        mut spec: JobSpec,
+        now: Millis,
+    ) -> Result<Option<JobSpec>, StoreError> {
         let row = &spec.branch_rule;
         let (Some(due), Some(cadence)) = (row.next_run_time, spec.cadence()) else {
-            return Some(spec);
+            return Ok(Some(spec));
         };
         let decision = decide_due(&cadence, due, row.retry_of, now);
         if decision.is_plain(due) {
-            return Some(spec);
+            return Ok(Some(spec));
         }
         let id = row.id;
         let request = SkipRequest {
@@ -369,12 +381,11 @@ impl MasterState {
             Ok(Some(updated)) => updated,
             Ok(None) => {
                 debug!(branch_rule_id = %id, "Misfire decision not applied: the rule moved meanwhile");
-                return None;
+                return Ok(None);
             }
             Err(e) => {
                 metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "skip").increment(1);
-                warn!(branch_rule_id = %id, "Skipped occurrences not recorded; the rule waits for the next fetch: {e}");
-                return None;
+                return Err(e);
             }
         };
         for occurrence in &decision.skipped {
@@ -401,9 +412,11 @@ impl MasterState {
         if let Some(plan) = self.args.directory.plan() {
             let _ = plan.cast(PlanMsg::PostProcessed(updated.clone()));
         }
-        decision.run?;
+        if decision.run.is_none() {
+            return Ok(None);
+        }
         spec.branch_rule = updated;
-        Some(spec)
+        Ok(Some(spec))
     }
 
     /// Claims in the background: the claims share the store's group commit
