@@ -123,6 +123,25 @@ pub struct Finish {
     pub clear_next_run: bool,
 }
 
+impl Finish {
+    /// A terminal write that leaves the occurrence due: nothing of it ran
+    /// (or nothing may be assumed to have), so it runs again as the next
+    /// attempt, with its retry state as it was.
+    pub fn leaving_due(status: ExecutionStatus, at: Millis, error: String) -> Finish {
+        Finish {
+            status,
+            finished_at: at,
+            error: Some(error),
+            output: None,
+            next_run_time: None,
+            advance_last_run: false,
+            retry: RetryUpdate::Keep,
+            skipped: Vec::new(),
+            clear_next_run: false,
+        }
+    }
+}
+
 /// What the post-process does to the branch rule's pending retry.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum RetryUpdate {

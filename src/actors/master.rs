@@ -20,18 +20,16 @@ use crate::actors::{Recorded, ask, ask_within, record_finish};
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::directory::Directory;
-use crate::lifecycle::{
-    Claim, ClaimRequest, Fence, Finish, RetryUpdate, SkipRequest, new_execution_id,
-};
+use crate::lifecycle::{Claim, ClaimRequest, Fence, Finish, SkipRequest, new_execution_id};
 use crate::messages::master::{CancelOutcome, DrainReport, ForceStopOutcome, JobReport};
 use crate::messages::worker::{CancelReason, Job};
 use crate::messages::{MasterMsg, MemoryGuardMsg, PlanMsg, RefresherMsg, WorkerMsg};
 use crate::metrics as m;
 use crate::model::{ExecutionStatus, Millis};
 use crate::plan::{Ending, JobSpec, decide_due, overlap_due};
-use crate::schedule::Overlap;
 use crate::queue::{DedupReason, JobQueue, WorkerPool};
 use crate::recovery;
+use crate::schedule::Overlap;
 use crate::store::{Store, StoreError, Transition, TransitionBatcher};
 
 pub struct MasterActor;
@@ -562,7 +560,8 @@ impl MasterState {
             return;
         }
         let execution = &job.execution;
-        let Some(at) = overlap_due(&cadence, execution.scheduled_for, execution.requested_at) else {
+        let Some(at) = overlap_due(&cadence, execution.scheduled_for, execution.requested_at)
+        else {
             return;
         };
         let after = (at - self.args.clock.now_ms()).max(0) as u64;
@@ -748,17 +747,11 @@ impl MasterState {
     /// The terminal write for a job that never reached a worker: the
     /// occurrence is not advanced, so it runs again (as a new attempt).
     async fn release(&mut self, job: &Job, reason: &str) {
-        let finish = Finish {
-            status: ExecutionStatus::Cancelled,
-            finished_at: self.args.clock.now_ms(),
-            error: Some(reason.to_string()),
-            output: None,
-            next_run_time: None,
-            advance_last_run: false,
-            retry: RetryUpdate::Keep,
-            skipped: Vec::new(),
-            clear_next_run: false,
-        };
+        let finish = Finish::leaving_due(
+            ExecutionStatus::Cancelled,
+            self.args.clock.now_ms(),
+            reason.to_string(),
+        );
         self.write_finish(job, finish).await;
     }
 

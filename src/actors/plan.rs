@@ -17,9 +17,8 @@ use crate::metrics as m;
 use crate::model::{Millis, PlanScope};
 use crate::persist::read_plan_file;
 use crate::plan::{
-    schedule_of,
     ExecutionPlan, MergeOptions, MergeReport, PlanStats, QuarantineChange, check_ready, job_spec,
-    merge, missed_windows, next_wake, ready_owned,
+    merge, missed_windows, next_wake, ready_owned, schedule_of,
 };
 use crate::schedule::ScheduleCache;
 

@@ -17,16 +17,16 @@ use crate::clock::Clock;
 use crate::config::Config;
 use crate::directory::Directory;
 use crate::lifecycle::Finish;
+use crate::lifecycle::SkippedOccurrence;
 use crate::messages::master::JobReport;
 use crate::messages::worker::{CancelReason, Job, JobOutcome};
 use crate::messages::{MasterMsg, PlanMsg, WorkerMsg};
 use crate::metrics as m;
 use crate::model::{ExecutionStatus, Millis};
-use crate::lifecycle::{RetryUpdate, SkippedOccurrence};
 use crate::plan::{Ending, FinishDecision, JobStep, RunEnd, decide_finish};
 use crate::schedule::CronSchedule;
-use chrono_tz::Tz;
 use crate::store::{PendingTransition, Store, Transition, TransitionBatcher};
+use chrono_tz::Tz;
 use uuid::Uuid;
 
 /// The whole output of a job is capped too, whatever each action returns.
@@ -258,19 +258,13 @@ impl WorkerState {
                     // left as it was, claimed again as the next attempt.
                     metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "action_steps").increment(1);
                     warn!(%branch_rule_id, %execution_id, "Worker-{} could not read the action details; the occurrence runs again: {e}", args.number);
-                    let finish = Finish {
-                        status: ExecutionStatus::Failed,
-                        finished_at: now,
-                        error: Some(format!(
+                    let finish = Finish::leaving_due(
+                        ExecutionStatus::Failed,
+                        now,
+                        format!(
                             "cannot read the action details: {e}; nothing ran, the occurrence runs again"
-                        )),
-                        output: None,
-                        next_run_time: None,
-                        advance_last_run: false,
-                        retry: RetryUpdate::Keep,
-                        skipped: Vec::new(),
-                        clear_next_run: false,
-                    };
+                        ),
+                    );
                     let recorded =
                         record_finish(&args.batcher, &args.directory, &job.fence, finish, now)
                             .await;
@@ -358,17 +352,11 @@ impl WorkerState {
             let finish = match reason.ending() {
                 // Nothing ran, and nothing asked for the occurrence to go:
                 // it runs again after the restart.
-                None => Finish {
-                    status: ExecutionStatus::Cancelled,
-                    finished_at: now,
-                    error: Some(format!("cancelled before it started: {reason:?}")),
-                    output: None,
-                    next_run_time: None,
-                    advance_last_run: false,
-                    retry: RetryUpdate::Keep,
-                    skipped: Vec::new(),
-                    clear_next_run: false,
-                },
+                None => Finish::leaving_due(
+                    ExecutionStatus::Cancelled,
+                    now,
+                    format!("cancelled before it started: {reason:?}"),
+                ),
                 Some(ending) => decided_finish(&job, &job.spec.schedule, ending, now).finish(
                     ExecutionStatus::Cancelled,
                     now,
@@ -588,7 +576,10 @@ async fn decide_at_finish(
         Some(Ok(schedule)) => (Ok(schedule), None),
         Some(Err(e)) => (
             job.spec.schedule.clone(),
-            Some(e.schedule_error().map_or_else(|| e.to_string(), ToString::to_string)),
+            Some(
+                e.schedule_error()
+                    .map_or_else(|| e.to_string(), ToString::to_string),
+            ),
         ),
         // The plan is restarting or busy: the schedule the job was fetched
         // with stands in.

@@ -138,7 +138,12 @@ pub fn plan_lines(
 
 /// READY, and what the misfire policy does with the due occurrences when
 /// more than the plain one is due.
-fn ready_verdict(plan: &ExecutionPlan, workflow: &Workflow, now: Millis, default_zone: Tz) -> String {
+fn ready_verdict(
+    plan: &ExecutionPlan,
+    workflow: &Workflow,
+    now: Millis,
+    default_zone: Tz,
+) -> String {
     let mut schedules = ScheduleCache::default();
     let Some(spec) = job_spec(plan, &workflow.id(), default_zone, &mut schedules) else {
         return "READY".to_string();
@@ -172,7 +177,10 @@ fn ready_verdict(plan: &ExecutionPlan, workflow: &Workflow, now: Millis, default
             "READY: runs the occurrence at {}; {skipped}",
             millis_to_utc(run).to_rfc3339()
         ),
-        None => format!("not ready: misfire {}: {skipped}", cadence.policy.misfire.as_str()),
+        None => format!(
+            "not ready: misfire {}: {skipped}",
+            cadence.policy.misfire.as_str()
+        ),
     }
 }
 

@@ -198,7 +198,10 @@ mod tests {
             ]
         );
         assert_eq!(once.len(), 3 + 22 + 1);
-        assert_eq!(once[25], "2026-06-02T09:00:00Z  2026-06-02T09:00:00+00:00 UTC");
+        assert_eq!(
+            once[25],
+            "2026-06-02T09:00:00Z  2026-06-02T09:00:00+00:00 UTC"
+        );
         let all = preview(r#"{"misfire":"run_all"}"#);
         assert_eq!(
             all[0],

@@ -111,7 +111,10 @@ pub fn parse_duration(field: &'static str, text: &str) -> Result<Millis, Command
             None => (iso, ""),
         };
         let mut total: Millis = 0;
-        for (part, units) in [(days, &[('D', 86_400_000)][..]), (time, &[('H', 3_600_000), ('M', 60_000), ('S', 1000)][..])] {
+        for (part, units) in [
+            (days, &[('D', 86_400_000)][..]),
+            (time, &[('H', 3_600_000), ('M', 60_000), ('S', 1000)][..]),
+        ] {
             let mut rest = part;
             for (unit, ms) in units {
                 if let Some((number, after)) = rest.split_once(*unit) {
@@ -157,7 +160,10 @@ pub fn parse_down(text: &str) -> Result<(Millis, Millis), CommandError> {
         Err(_) => parse_time("--down", rest)?,
     };
     if end <= start {
-        return Err(invalid("--down", format!("{text:?}: the end is not after the start")));
+        return Err(invalid(
+            "--down",
+            format!("{text:?}: the end is not after the start"),
+        ));
     }
     Ok((start, end))
 }

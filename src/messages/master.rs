@@ -15,7 +15,9 @@ use crate::queue::QueueStats;
 pub enum MasterMsg {
     /// `overlap: cancel_running`: the next occurrence of this execution's
     /// rule fell due; cancel the run if it is still going.
-    OverlapDue { execution_id: Uuid },
+    OverlapDue {
+        execution_id: Uuid,
+    },
     /// Fetch ready rules, claim, queue and dispatch. Carries the generation
     /// of the timer that sent it; a tick superseded by an earlier wake-up is
     /// ignored.

@@ -5,9 +5,9 @@ use chrono_tz::Tz;
 
 use crate::cluster::Ownership;
 use crate::lifecycle::RetryUpdate;
-use crate::schedule::CronSchedule;
 use crate::model::{BranchRule, Millis, PlanLoad, RejectedRow};
 use crate::plan::{JobSpec, MergeReport, OutboxEntry, PlanError, PlanSnapshot, PlanStats};
+use crate::schedule::CronSchedule;
 
 /// Messages of the [`PlanActor`](crate::actors::plan::PlanActor), the single
 /// writer of plan state.

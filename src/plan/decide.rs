@@ -360,7 +360,11 @@ pub fn decide_finish(
 /// When a run of `occurrence` claimed at `claimed_at` is overlapped: the
 /// first later occurrence that falls due after the claim. `cancel_running`
 /// cancels the run then.
-pub fn overlap_due(cadence: &Cadence<'_>, occurrence: Millis, claimed_at: Millis) -> Option<Millis> {
+pub fn overlap_due(
+    cadence: &Cadence<'_>,
+    occurrence: Millis,
+    claimed_at: Millis,
+) -> Option<Millis> {
     let mut at = cadence.next_after(occurrence)?;
     for _ in 0..MAX_OCCURRENCES_PER_DECISION {
         if cadence.start_of(at) > claimed_at {
@@ -441,7 +445,12 @@ mod tests {
                 misfire,
                 ..EffectivePolicy::default()
             };
-            let decision = decide_due(&cadence(&schedule, &policy, None), at(1, 0), None, at(1, 0) + 5);
+            let decision = decide_due(
+                &cadence(&schedule, &policy, None),
+                at(1, 0),
+                None,
+                at(1, 0) + 5,
+            );
             assert!(decision.is_plain(at(1, 0)), "{misfire:?}: {decision:?}");
         }
     }
@@ -451,10 +460,20 @@ mod tests {
         let schedule = quarter();
         let policy = EffectivePolicy::default();
         // Down from 01:00 to 04:00: 01:00 … 04:00 are due at 04:00:30.
-        let decision = decide_due(&cadence(&schedule, &policy, None), at(1, 0), None, at(4, 0) + 30_000);
+        let decision = decide_due(
+            &cadence(&schedule, &policy, None),
+            at(1, 0),
+            None,
+            at(4, 0) + 30_000,
+        );
         assert_eq!(decision.run, Some(at(4, 0)));
         assert_eq!(decision.skipped.len(), 12);
-        assert!(decision.skipped.iter().all(|s| s.reason == SkipReason::Misfire));
+        assert!(
+            decision
+                .skipped
+                .iter()
+                .all(|s| s.reason == SkipReason::Misfire)
+        );
         assert_eq!(decision.skipped[0].scheduled_for, at(1, 0));
     }
 
@@ -470,7 +489,12 @@ mod tests {
         assert_eq!(decision.skipped.len(), 13);
         assert_eq!(decision.next_run_time, Some(at(4, 15)));
         // Within the threshold the newest still runs.
-        let decision = decide_due(&cadence(&schedule, &policy, None), at(1, 0), None, at(4, 0) + 10_000);
+        let decision = decide_due(
+            &cadence(&schedule, &policy, None),
+            at(1, 0),
+            None,
+            at(4, 0) + 10_000,
+        );
         assert_eq!(decision.run, Some(at(4, 0)));
         assert_eq!(decision.skipped.len(), 12);
     }
@@ -486,9 +510,19 @@ mod tests {
         let decision = decide_due(&cadence(&schedule, &policy, None), at(1, 0), None, at(4, 1));
         assert_eq!(decision.run, Some(at(3, 15)));
         assert_eq!(decision.skipped.len(), 9);
-        assert!(decision.skipped.iter().all(|s| s.reason == SkipReason::CatchupMax));
+        assert!(
+            decision
+                .skipped
+                .iter()
+                .all(|s| s.reason == SkipReason::CatchupMax)
+        );
         // The next decision, after 03:15 ran, runs 03:30 with nothing skipped.
-        let decision = decide_due(&cadence(&schedule, &policy, None), at(3, 30), None, at(4, 2));
+        let decision = decide_due(
+            &cadence(&schedule, &policy, None),
+            at(3, 30),
+            None,
+            at(4, 2),
+        );
         assert!(decision.is_plain(at(3, 30)), "{decision:?}");
     }
 
@@ -512,7 +546,12 @@ mod tests {
         let schedule = quarter();
         let policy = EffectivePolicy::default();
         let window: Window = "09:00-17:00".parse().unwrap();
-        let decision = decide_due(&cadence(&schedule, &policy, Some(window)), at(8, 0), None, at(9, 0));
+        let decision = decide_due(
+            &cadence(&schedule, &policy, Some(window)),
+            at(8, 0),
+            None,
+            at(9, 0),
+        );
         assert_eq!(decision.run, Some(at(9, 0)));
         assert_eq!(
             reasons(&decision.skipped),
@@ -529,7 +568,12 @@ mod tests {
     fn a_pending_retry_runs_as_it_stands() {
         let schedule = quarter();
         let policy = EffectivePolicy::default();
-        let decision = decide_due(&cadence(&schedule, &policy, None), at(1, 0), Some(at(0, 45)), at(4, 0));
+        let decision = decide_due(
+            &cadence(&schedule, &policy, None),
+            at(1, 0),
+            Some(at(0, 45)),
+            at(4, 0),
+        );
         assert!(decision.is_plain(at(1, 0)));
     }
 
@@ -563,19 +607,51 @@ mod tests {
             ..EffectivePolicy::default()
         };
         let cadence = cadence(&schedule, &policy, None);
-        let first = finish_of(&cadence, &policy, at(1, 0), 0, at(1, 0), at(1, 0) + 100, Ending::Failed);
+        let first = finish_of(
+            &cadence,
+            &policy,
+            at(1, 0),
+            0,
+            at(1, 0),
+            at(1, 0) + 100,
+            Ending::Failed,
+        );
         let (retry_at, number) = first.retry_at().unwrap();
         assert_eq!(number, 1);
         assert!((8_000..=10_000).contains(&(retry_at - at(1, 0) - 100)));
-        let second = finish_of(&cadence, &policy, at(1, 0), 1, retry_at, retry_at + 100, Ending::Failed);
+        let second = finish_of(
+            &cadence,
+            &policy,
+            at(1, 0),
+            1,
+            retry_at,
+            retry_at + 100,
+            Ending::Failed,
+        );
         let (second_at, number) = second.retry_at().unwrap();
         assert_eq!(number, 2);
         assert!(second_at - retry_at > retry_at - at(1, 0));
-        let last = finish_of(&cadence, &policy, at(1, 0), 2, second_at, second_at + 100, Ending::Failed);
+        let last = finish_of(
+            &cadence,
+            &policy,
+            at(1, 0),
+            2,
+            second_at,
+            second_at + 100,
+            Ending::Failed,
+        );
         assert_eq!(last.retry, RetryUpdate::Clear);
         assert_eq!(last.next_run_time, Some(at(1, 15)));
         // A cancel is never retried.
-        let cancelled = finish_of(&cadence, &policy, at(1, 0), 0, at(1, 0), at(1, 1), Ending::Cancelled);
+        let cancelled = finish_of(
+            &cadence,
+            &policy,
+            at(1, 0),
+            0,
+            at(1, 0),
+            at(1, 1),
+            Ending::Cancelled,
+        );
         assert_eq!(cancelled.retry, RetryUpdate::Clear);
     }
 
@@ -588,22 +664,50 @@ mod tests {
                 ..EffectivePolicy::default()
             };
             let cadence = cadence(&schedule, &policy, None);
-            finish_of(&cadence, &policy, at(1, 0), 0, at(1, 0), at(1, 2) + 30_000, ending)
+            finish_of(
+                &cadence,
+                &policy,
+                at(1, 0),
+                0,
+                at(1, 0),
+                at(1, 2) + 30_000,
+                ending,
+            )
         };
         let skip = run(Overlap::Skip, Ending::Completed);
-        assert_eq!(reasons(&skip.skipped), vec![(at(1, 1), SkipReason::Overlap), (at(1, 2), SkipReason::Overlap)]);
+        assert_eq!(
+            reasons(&skip.skipped),
+            vec![
+                (at(1, 1), SkipReason::Overlap),
+                (at(1, 2), SkipReason::Overlap)
+            ]
+        );
         assert_eq!(skip.next_run_time, Some(at(1, 3)));
         let buffer = run(Overlap::BufferOne, Ending::Completed);
-        assert_eq!(reasons(&buffer.skipped), vec![(at(1, 1), SkipReason::Overlap)]);
+        assert_eq!(
+            reasons(&buffer.skipped),
+            vec![(at(1, 1), SkipReason::Overlap)]
+        );
         assert_eq!(buffer.next_run_time, Some(at(1, 2)));
         let cancel = run(Overlap::Skip, Ending::CancelledByOverlap);
         assert_eq!(cancel.next_run_time, Some(at(1, 2)));
         // Due before the claim: left for the misfire policy, nothing skipped.
         let policy = EffectivePolicy::default();
         let cadence = cadence(&schedule, &policy, None);
-        let late = finish_of(&cadence, &policy, at(1, 0), 0, at(1, 5), at(1, 6), Ending::Completed);
+        let late = finish_of(
+            &cadence,
+            &policy,
+            at(1, 0),
+            0,
+            at(1, 5),
+            at(1, 6),
+            Ending::Completed,
+        );
         assert_eq!(late.next_run_time, Some(at(1, 1)));
         assert!(late.skipped.is_empty());
-        assert_eq!(overlap_due(&cadence, at(1, 0), at(1, 0) + 10), Some(at(1, 1)));
+        assert_eq!(
+            overlap_due(&cadence, at(1, 0), at(1, 0) + 10),
+            Some(at(1, 1))
+        );
     }
 }

@@ -29,8 +29,8 @@ use crate::model::{
 };
 
 pub use decide::{
-    Cadence, DueDecision, Ending, FinishDecision, RunEnd, MAX_OCCURRENCES_PER_DECISION, MISFIRE_THRESHOLD_MS,
-    decide_due, decide_finish, overlap_due,
+    Cadence, DueDecision, Ending, FinishDecision, MAX_OCCURRENCES_PER_DECISION,
+    MISFIRE_THRESHOLD_MS, RunEnd, decide_due, decide_finish, overlap_due,
 };
 pub use jobs::{JobSpec, JobStep, job_spec, missed_windows, next_wake};
 pub use merge::{MergeOptions, MergeReport, NextRunChange, merge};
@@ -268,9 +268,9 @@ impl ExecutionPlan {
         self.branches = by_id(branches, |b| b.id);
         let rules = by_id(rules, |r| r.id);
         let offsets_changed = rules.len() != self.rules.len()
-            || rules.iter().any(|(id, rule)| {
-                self.rules.get(id).map(start_jitter) != Some(start_jitter(rule))
-            });
+            || rules
+                .iter()
+                .any(|(id, rule)| self.rules.get(id).map(start_jitter) != Some(start_jitter(rule)));
         self.rules = rules;
         if offsets_changed {
             self.rebuild_due_index();

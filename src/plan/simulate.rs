@@ -202,7 +202,11 @@ pub fn simulate(mut plan: ExecutionPlan, sim: &Simulation) -> Result<Report, Sim
     while now < sim.to {
         state.report.ticks_visited += 1;
         state.wake_workers(now);
-        if let Some(&(_, end)) = sim.down.iter().find(|(start, end)| *start <= now && now < *end) {
+        if let Some(&(_, end)) = sim
+            .down
+            .iter()
+            .find(|(start, end)| *start <= now && now < *end)
+        {
             state.lose_running(&mut plan, now);
             now = state.on_tick(end);
             continue;
@@ -306,7 +310,14 @@ impl State<'_> {
                 w.branch_rule.is_currently_running = false;
                 w.running_here = false;
             });
-            self.push(plan, now, id, run.occurrence, run.attempt, DecisionKind::Lost);
+            self.push(
+                plan,
+                now,
+                id,
+                run.occurrence,
+                run.attempt,
+                DecisionKind::Lost,
+            );
             self.release_worker(now);
         }
     }
@@ -365,20 +376,7 @@ impl State<'_> {
                     status: status.into(),
                 },
             );
-            for skipped in &decision.skipped {
-                let attempt = self.next_attempt(id, skipped.scheduled_for);
-                self.push(
-                    plan,
-                    ended_at,
-                    id,
-                    skipped.scheduled_for,
-                    attempt,
-                    DecisionKind::Skipped {
-                        reason: skipped.reason,
-                        detail: skipped.detail.clone(),
-                    },
-                );
-            }
+            self.push_skipped(plan, ended_at, id, &decision.skipped);
             if let Some((retry_at, _)) = decision.retry_at() {
                 self.push(
                     plan,
@@ -422,6 +420,30 @@ impl State<'_> {
         }
     }
 
+    /// Records skipped occurrences as the store does: each its own attempt.
+    fn push_skipped(
+        &mut self,
+        plan: &ExecutionPlan,
+        at: Millis,
+        id: Uuid,
+        skipped: &[crate::lifecycle::SkippedOccurrence],
+    ) {
+        for occurrence in skipped {
+            let attempt = self.next_attempt(id, occurrence.scheduled_for);
+            self.push(
+                plan,
+                at,
+                id,
+                occurrence.scheduled_for,
+                attempt,
+                DecisionKind::Skipped {
+                    reason: occurrence.reason,
+                    detail: occurrence.detail.clone(),
+                },
+            );
+        }
+    }
+
     fn next_attempt(&mut self, id: Uuid, occurrence: Millis) -> i64 {
         let attempt = self.attempts.entry((id, occurrence)).or_insert(0);
         *attempt += 1;
@@ -430,7 +452,11 @@ impl State<'_> {
 
     /// The master's fetch: the ready set in (due, id) order, each sorted by
     /// the misfire policy, claimed while workers are free.
-    fn start_ready(&mut self, plan: &mut ExecutionPlan, now: Millis) -> Result<(), SimulationError> {
+    fn start_ready(
+        &mut self,
+        plan: &mut ExecutionPlan,
+        now: Millis,
+    ) -> Result<(), SimulationError> {
         let zone = self.sim.default_zone;
         self.note_held_by_window(plan, now);
         loop {
@@ -470,22 +496,11 @@ impl State<'_> {
                 next_run_time: Some(due),
             },
         };
-        for skipped in &decision.skipped {
-            let attempt = self.next_attempt(id, skipped.scheduled_for);
-            self.push(
-                plan,
-                now,
-                id,
-                skipped.scheduled_for,
-                attempt,
-                DecisionKind::Skipped {
-                    reason: skipped.reason,
-                    detail: skipped.detail.clone(),
-                },
-            );
-        }
+        self.push_skipped(plan, now, id, &decision.skipped);
         let Some(run) = decision.run else {
-            plan.update(&id, |w| w.branch_rule.next_run_time = decision.next_run_time);
+            plan.update(&id, |w| {
+                w.branch_rule.next_run_time = decision.next_run_time
+            });
             return;
         };
         let occurrence = retry_of.unwrap_or(run);
@@ -530,8 +545,9 @@ impl State<'_> {
                 };
                 let due = workflow.branch_rule.next_run_time?;
                 let zone = plan.zone_of(workflow, zone).unwrap_or(zone);
-                let opens = crate::schedule::next_window_open(Some(window), zone, millis_to_utc(now))
-                    .timestamp_millis();
+                let opens =
+                    crate::schedule::next_window_open(Some(window), zone, millis_to_utc(now))
+                        .timestamp_millis();
                 Some((id, due, opens))
             })
             .filter(|(id, due, _)| !self.held.contains(&(*id, *due)))
@@ -838,11 +854,17 @@ mod tests {
     fn overlaps_by_policy() {
         let mut sim = Simulation::new(at(1, 0, 0), at(1, 0, 10) - 1);
         sim.duration_ms = 90_000;
-        let run = |policy: &str| simulate(plan_with(policy, "* * * * *", at(1, 0, 0)), &sim).unwrap();
+        let run =
+            |policy: &str| simulate(plan_with(policy, "* * * * *", at(1, 0, 0)), &sim).unwrap();
         let skip = run(r#"{"overlap":"skip"}"#);
         assert_eq!((skip.runs, skip.skipped), (5, 5), "{:#?}", kinds(&skip));
         let buffer = run(r#"{"overlap":"buffer_one"}"#);
-        assert_eq!((buffer.runs, buffer.skipped), (7, 3), "{:#?}", kinds(&buffer));
+        assert_eq!(
+            (buffer.runs, buffer.skipped),
+            (7, 3),
+            "{:#?}",
+            kinds(&buffer)
+        );
         let cancel = run(r#"{"overlap":"cancel_running"}"#);
         assert_eq!(cancel.runs, 10, "{:#?}", kinds(&cancel));
         assert!(
@@ -860,7 +882,11 @@ mod tests {
         let mut sim = Simulation::new(at(1, 0, 0), at(1, 2, 0));
         sim.fail_rate = 0.5;
         sim.seed = 7;
-        let plan = plan_with(r#"{"max_attempts":3,"backoff_seconds":10}"#, "*/15 * * * *", at(1, 0, 0));
+        let plan = plan_with(
+            r#"{"max_attempts":3,"backoff_seconds":10}"#,
+            "*/15 * * * *",
+            at(1, 0, 0),
+        );
         let first = simulate(plan.clone(), &sim).unwrap();
         assert!(first.retries > 0, "{:#?}", kinds(&first));
         let second = simulate(plan, &sim).unwrap();

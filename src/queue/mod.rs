@@ -101,13 +101,9 @@ impl<J> JobQueue<J> {
         if self.active.contains_key(&id) {
             return Err(DedupReason::Active);
         }
-        if self
-            .recently_processed
-            .get(&id)
-            .is_some_and(|&(at, ran)| {
-                now - at < self.recent_window_ms && (ran.is_none() || ran == due)
-            })
-        {
+        if self.recently_processed.get(&id).is_some_and(|&(at, ran)| {
+            now - at < self.recent_window_ms && (ran.is_none() || ran == due)
+        }) {
             return Err(DedupReason::Recent);
         }
         if running_in_plan {
@@ -252,7 +248,10 @@ mod tests {
         assert_eq!(queue.active_execution(&id(1)), Some(id(100)));
 
         assert!(queue.finish(id(1), 1_000));
-        assert_eq!(queue.admit(id(1), 30_999, false, None), Err(DedupReason::Recent));
+        assert_eq!(
+            queue.admit(id(1), 30_999, false, None),
+            Err(DedupReason::Recent)
+        );
         assert_eq!(queue.admit(id(1), 31_000, false, None), Ok(()));
     }
 

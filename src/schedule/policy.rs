@@ -121,9 +121,7 @@ const DAY_SECONDS: u64 = 86_400;
 /// The policy object of a rule or a branch rule, as stored and as the API
 /// takes it. Every field is optional: an unset field falls back to the
 /// rule's policy, then to the default. Unknown keys are refused.
-#[derive(
-    Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema,
-)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Policy {
     /// `run_once` (default), `skip` or `run_all`.
@@ -164,7 +162,10 @@ pub struct Policy {
 impl Policy {
     /// Reads a stored policy (JSON text; `NULL` and `{}` are no policy).
     pub fn from_json_text(text: Option<&str>) -> Result<Option<Policy>, String> {
-        let Some(text) = text.map(str::trim).filter(|t| !t.is_empty() && *t != "null") else {
+        let Some(text) = text
+            .map(str::trim)
+            .filter(|t| !t.is_empty() && *t != "null")
+        else {
             return Ok(None);
         };
         let deserializer = &mut serde_json::Deserializer::from_str(text);
