@@ -208,6 +208,7 @@ async fn run(command: Command, config: Config) -> anyhow::Result<()> {
                 duration,
                 seed,
             };
+            simulate::check_format(&format)?;
             let sim = simulate::simulation_of(&args, &config)?;
             let plan = if use_demo {
                 ruled::plan::ExecutionPlan::from_data(demo::demo_data(sim.from)?)
@@ -215,9 +216,8 @@ async fn run(command: Command, config: Config) -> anyhow::Result<()> {
                 plan::load_plan(&config).await?.0
             };
             let report = ruled::plan::simulate::simulate(plan, &sim)?;
-            let text = simulate::render(&report, &format)?;
-            use std::io::Write as _;
-            std::io::stdout().lock().write_all(text.as_bytes())?;
+            let stdout = std::io::BufWriter::new(std::io::stdout().lock());
+            simulate::render(&report, &format, stdout)?;
         }
     }
     Ok(())

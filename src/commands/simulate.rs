@@ -61,11 +61,29 @@ pub fn simulation_of(args: &SimulateArgs, config: &Config) -> Result<Simulation,
     Ok(sim)
 }
 
-/// The report as the chosen format prints it.
-pub fn render(report: &Report, format: &str) -> Result<String, CommandError> {
+/// Writes the report in the chosen format to `out`, as it is made.
+pub fn render<W: std::io::Write>(
+    report: &Report,
+    format: &str,
+    out: W,
+) -> Result<(), CommandError> {
+    let written = match format {
+        "table" => report.write_table(out),
+        "json" => report.write_json(out),
+        other => {
+            return Err(invalid(
+                "--format",
+                format!("{other:?}: expected table or json"),
+            ));
+        }
+    };
+    written.map_err(|e| invalid("--format", format!("the report could not be written: {e}")))
+}
+
+/// The format, checked before anything runs.
+pub fn check_format(format: &str) -> Result<(), CommandError> {
     match format {
-        "table" => Ok(report.to_table()),
-        "json" => Ok(report.to_json()),
+        "table" | "json" => Ok(()),
         other => Err(invalid(
             "--format",
             format!("{other:?}: expected table or json"),

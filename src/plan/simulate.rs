@@ -16,7 +16,6 @@
 //! it, and two runs, hosts or host time zones print the same bytes.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::fmt::Write as _;
 
 use chrono_tz::Tz;
 use serde::Serialize;
@@ -741,14 +740,22 @@ impl Report {
     /// partition, occurrence, attempt, decision. Fixed columns; only the
     /// zone database decides the local time, never the host's zone.
     pub fn to_table(&self) -> String {
-        let mut out = String::with_capacity(self.decisions.len() * 160);
-        let _ = writeln!(
+        let mut out = Vec::with_capacity(self.decisions.len() * 160);
+        self.write_table(&mut out)
+            .expect("writing to memory cannot fail");
+        String::from_utf8(out).expect("the table is UTF-8")
+    }
+
+    /// [`Report::to_table`], written as it is made: a week of a thousand
+    /// rules is hundreds of megabytes of text.
+    pub fn write_table<W: std::io::Write>(&self, mut out: W) -> std::io::Result<()> {
+        writeln!(
             out,
             "{:>8}  {:<24}  {:<24}  {:<36}  {:>4}  {:<24}  {:>7}  decision",
             "tick", "utc", "local", "branch_rule", "part", "occurrence", "attempt"
-        );
+        )?;
         for d in &self.decisions {
-            let _ = writeln!(
+            writeln!(
                 out,
                 "{:>8}  {:<24}  {:<24}  {:<36}  {:>4}  {:<24}  {:>7}  {}",
                 d.tick,
@@ -763,9 +770,9 @@ impl Report {
                     "-".into()
                 },
                 d.kind.label()
-            );
+            )?;
         }
-        let _ = writeln!(
+        writeln!(
             out,
             "{} run(s), {} skipped, {} retr{}, {} tick(s) visited",
             self.runs,
@@ -773,34 +780,37 @@ impl Report {
             self.retries,
             if self.retries == 1 { "y" } else { "ies" },
             self.ticks_visited
-        );
-        out
+        )
     }
 
     /// One JSON document: the totals and every decision, each with its
     /// UTC and local times written out as the table shows them.
     pub fn to_json(&self) -> String {
-        let decisions: Vec<serde_json::Value> = self
-            .decisions
-            .iter()
-            .map(|d| {
-                let mut value = serde_json::to_value(d).expect("a decision serializes");
-                value["utc"] = utc_text(d.at).into();
-                value["local"] = local_text(d.at, &d.zone).into();
-                value["occurrence_utc"] = utc_text(d.occurrence).into();
-                value
-            })
-            .collect();
-        let document = serde_json::json!({
-            "runs": self.runs,
-            "skipped": self.skipped,
-            "retries": self.retries,
-            "ticks_visited": self.ticks_visited,
-            "decisions": decisions,
-        });
-        let mut text = serde_json::to_string_pretty(&document).expect("a report serializes");
-        text.push('\n');
-        text
+        let mut out = Vec::with_capacity(self.decisions.len() * 300);
+        self.write_json(&mut out)
+            .expect("writing to memory cannot fail");
+        String::from_utf8(out).expect("JSON is UTF-8")
+    }
+
+    /// [`Report::to_json`], one decision per line as it is made, so memory
+    /// stays that of one decision whatever the length of the report.
+    pub fn write_json<W: std::io::Write>(&self, mut out: W) -> std::io::Result<()> {
+        writeln!(
+            out,
+            "{{\"runs\":{},\"skipped\":{},\"retries\":{},\"ticks_visited\":{},\"decisions\":[",
+            self.runs, self.skipped, self.retries, self.ticks_visited
+        )?;
+        for (index, d) in self.decisions.iter().enumerate() {
+            let mut value = serde_json::to_value(d).expect("a decision serializes");
+            value["utc"] = utc_text(d.at).into();
+            value["local"] = local_text(d.at, &d.zone).into();
+            value["occurrence_utc"] = utc_text(d.occurrence).into();
+            if index > 0 {
+                out.write_all(b",\n")?;
+            }
+            serde_json::to_writer(&mut out, &value)?;
+        }
+        out.write_all(b"\n]}\n")
     }
 }
 

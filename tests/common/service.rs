@@ -101,3 +101,21 @@ pub async fn ready_ids(service: &Service) -> Vec<Uuid> {
         None => Vec::new(),
     }
 }
+
+/// Starts a service on `clock` (for example `Clock::starting_at(t)`: the
+/// service believes it is `t` when it starts, and time then passes at the
+/// wall clock's pace), with its plan file and shutdown marker in `dir`, so
+/// that a later start in the same `dir` finds them as a restarted install
+/// would.
+pub async fn start_service_on_clock(
+    database_url: &str,
+    dir: &std::path::Path,
+    clock: Clock,
+    adjust: impl FnOnce(Config) -> Config,
+) -> Service {
+    init_logs();
+    let config = adjust(test_config(database_url, dir));
+    Service::start_with(config, clock, ServiceOptions::default())
+        .await
+        .unwrap()
+}
