@@ -333,10 +333,16 @@ both_backends!(
     |db: TestDb| async move {
         let (running, api, f) = start(&db).await;
         let anonymous = api.without_token();
-        for (method, path) in ruled::api::routes::operations()
+        // The document says which operations take the token: every change,
+        // and nothing else (a simulation is a POST that changes nothing).
+        let (guarded, open): (Vec<_>, Vec<_>) = ruled::api::routes::operations()
             .into_iter()
             .filter(|(method, _)| method != "get")
-        {
+            .partition(|(method, path)| {
+                ruled::api::routes::requires_token(method, path) == Some(true)
+            });
+        assert_eq!(open, [("post".to_string(), "/simulate".to_string())]);
+        for (method, path) in guarded {
             let url = format!("/api/v1{path}")
                 .replace("{id}", &f.branch_rule)
                 .replace("{detail_id}", &f.template);

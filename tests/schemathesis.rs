@@ -33,6 +33,26 @@ const PHASES: [&str; 4] = ["examples", "coverage", "fuzzing", "stateful"];
 /// and leave nothing for the stateful phase.
 const MAX_EXAMPLES: &str = "100";
 
+/// The run's configuration, beyond the command line's.
+///
+/// `POST /simulate` answers a body the document calls valid with a 400
+/// naming the field when the simulation would pass its bound of decisions
+/// (the operation's description says so): how many it makes depends on the
+/// rules the service holds (the run creates some, due decades before a
+/// drawn `from`, whose catch-up alone passes the bound), which no schema
+/// can state. So for that one operation a 400 is among the answers a valid
+/// body may get; every other check and status holds for it as for every
+/// operation. (Its other refusals of valid bodies, a `to` not after `from`
+/// and the like, the hooks keep out of valid bodies: see
+/// `schemathesis_hooks.py`.)
+const CONFIG: &str = r#"
+[[operations]]
+include-operation-id = "simulate"
+checks.positive_data_acceptance.expected-statuses = [
+    "2xx", "3xx", "400", "401", "403", "404", "409", "429", "5xx",
+]
+"#;
+
 /// Only a guard against a hung run; a healthy one takes well under this.
 const RUN_DEADLINE: Duration = Duration::from_secs(300);
 
@@ -133,8 +153,12 @@ fn schemathesis_finds_nothing(with_token: bool) {
     let (mut server, port) = serve_demo(&install);
     let base = format!("http://127.0.0.1:{port}");
     let ndjson = install.path("schemathesis.ndjson");
+    let config = install.path("schemathesis.toml");
+    std::fs::write(&config, CONFIG).unwrap();
     let mut command = Command::new(&program);
     command
+        .arg("--config-file")
+        .arg(&config)
         .arg("run")
         .arg(format!("{base}/api/v1/openapi.json"))
         // The document's paths carry the /api/v1 prefix; pinning the base
@@ -161,7 +185,8 @@ fn schemathesis_finds_nothing(with_token: bool) {
         .env("SCHEMATHESIS_HOOKS", "schemathesis_hooks")
         .env("PYTHONPATH", concat!(env!("CARGO_MANIFEST_DIR"), "/tests"));
     // The scratch directory as the working directory: no schemathesis.toml
-    // of the developer's applies, and nothing is left in the repository.
+    // of the developer's applies (only [`CONFIG`]), and nothing is left in
+    // the repository.
     command.current_dir(install.path(""));
     for proxy in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"] {
         command.env_remove(proxy).env_remove(proxy.to_lowercase());

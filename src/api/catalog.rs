@@ -1366,13 +1366,12 @@ async fn recompute_next_runs(state: &ApiState, filter: (&str, &Value)) -> ApiRes
     Ok(())
 }
 
-/// The policy in force for a branch rule row, by the one resolver the
-/// plan uses: its own fields over its rule's over the defaults; or why a
-/// stored policy, its own or its rule's, is not one.
-async fn effective_policy_of(
+/// The stored policies of a branch rule row, its rule's and its own (each
+/// `None` when it has none); or why one of them is not a policy.
+pub(super) async fn policies_of(
     state: &ApiState,
     row: &Map<String, Value>,
-) -> ApiResult<Result<EffectivePolicy, String>> {
+) -> ApiResult<Result<(Option<Policy>, Option<Policy>), String>> {
     let own = match stored_policy(row.get("policy")) {
         Ok(own) => own,
         Err(problem) => return Ok(Err(problem)),
@@ -1385,14 +1384,25 @@ async fn effective_policy_of(
         Some(rule_id) => state.store().row(&RULES, rule_id).await?,
         None => None,
     };
-    let rules = match stored_policy(rule.as_ref().and_then(|r| r.get("policy"))) {
-        Ok(rules) => rules,
+    match stored_policy(rule.as_ref().and_then(|r| r.get("policy"))) {
+        Ok(rules) => Ok(Ok((rules, own))),
         Err(problem) => {
             let rule_id = rule_id.map(|id| id.to_string()).unwrap_or_default();
-            return Ok(Err(format!("its rule {rule_id}'s {problem}")));
+            Ok(Err(format!("its rule {rule_id}'s {problem}")))
         }
-    };
-    Ok(Ok(EffectivePolicy::resolve(rules.as_ref(), own.as_ref())))
+    }
+}
+
+/// The policy in force for a branch rule row, by the one resolver the
+/// plan uses: its own fields over its rule's over the defaults; or why a
+/// stored policy, its own or its rule's, is not one.
+async fn effective_policy_of(
+    state: &ApiState,
+    row: &Map<String, Value>,
+) -> ApiResult<Result<EffectivePolicy, String>> {
+    Ok(policies_of(state, row)
+        .await?
+        .map(|(rule, own)| EffectivePolicy::resolve(rule.as_ref(), own.as_ref())))
 }
 
 /// A branch rule as the API shows it, with `next_run_time_local`, the

@@ -10,11 +10,12 @@ use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
 use super::ApiState;
-use super::catalog::{get_row, nudge, present_branch_rule, schedule_of_row};
+use super::catalog::{get_row, nudge, policies_of, present_branch_rule, schedule_of_row};
 use super::error::{ApiError, ApiResult};
 use super::extract::ApiJson;
 use super::present::rfc3339;
 use super::schema::{RequestTime, Timestamp};
+use super::simulation::{merged_policy, policy_preview};
 use super::views::{
     BranchRule, CancelAccepted, Execution, ExecutionPage, ForceStopped, Instance, Instances,
     PlanReady, PlanView, Preview, PreviewRun, RunAccepted, RunCancel, Stats,
@@ -24,12 +25,12 @@ use crate::messages::master::CancelOutcome;
 use crate::messages::{MasterMsg, PlanMsg, WriterMsg};
 use crate::model::ExecutionStatus;
 use crate::plan::ResolveError;
-use crate::schedule::{Window, preview};
+use crate::schedule::{EffectivePolicy, Window, preview};
 use crate::store::ExecutionFilter;
 use crate::store::rows::BRANCH_RULES;
 
 /// 503 for an actor caught between a failure and its restart.
-fn restarting(actor: &str) -> ApiError {
+pub(super) fn restarting(actor: &str) -> ApiError {
     ApiError::Unavailable(format!("the {actor} is restarting; try again"))
 }
 
@@ -180,10 +181,12 @@ pub struct PreviewQuery {
 
 /// The next runs as the service would make them: the cron expression in
 /// the branch's zone, each occurrence outside the window deferred to its
-/// opening, DST handled by the schedule module.
+/// opening, DST handled by the schedule module; and what the branch
+/// rule's policy does on the way to them (which occurrences run, when
+/// they start, which are skipped and why), as the engine decides it.
 #[utoipa::path(get, path = "/branch-rules/{id}/preview", tag = "branch rules",
     params(("id" = Uuid, Path, description = "Branch rule id"), PreviewQuery),
-    responses((status = 200, description = "The next runs, honouring window, zone and DST", body = Preview)))]
+    responses((status = 200, description = "The next runs, honouring window, zone and DST, and the policy's decisions", body = Preview)))]
 pub async fn preview_runs(
     State(s): State<ApiState>,
     Path(id): Path<String>,
@@ -196,7 +199,7 @@ pub async fn preview_runs(
             format!("must be 1 to {PREVIEW_MAX}"),
         ));
     }
-    let (_, row) = branch_rule(&s, &id).await?;
+    let (uuid, row) = branch_rule(&s, &id).await?;
     let from = query.from.map_or_else(|| s.clock().now_ms(), |t| t.0);
     // The one resolver the plan and the worker use: a stored zone or
     // expression that is invalid is a 409 naming the row.
@@ -217,10 +220,24 @@ pub async fn preview_runs(
             .transpose()
     };
     let window = Window::from_bounds(bound("operation_time_from")?, bound("operation_time_to")?);
+    let from_ms = from;
     let from = chrono::DateTime::from_timestamp_millis(from)
         .ok_or_else(|| ApiError::field("from", "out of range"))?;
     let runs = preview(&schedule, zone, window, from, count)
         .map_err(|e| ApiError::Conflict(e.to_string()))?;
+    // The policy as the plan reads it: a stored one that is not a policy
+    // is shown with why, and nothing is decided under it.
+    let (policy, policy_error, decisions, decisions_truncated) = match policies_of(&s, &row).await?
+    {
+        Ok((rule, own)) => {
+            let effective = EffectivePolicy::resolve(rule.as_ref(), own.as_ref());
+            let merged = merged_policy(rule.as_ref(), own.as_ref());
+            let (steps, truncated) =
+                policy_preview(uuid, &schedule, zone, window, merged, from_ms, count).await?;
+            (Some(effective), None, steps, truncated)
+        }
+        Err(problem) => (None, Some(problem), Vec::new(), true),
+    };
     Ok(Json(Preview {
         cron_expression: schedule.expression().to_string(),
         timezone: zone.name().to_string(),
@@ -233,6 +250,10 @@ pub async fn preview_runs(
                 local: t.with_timezone(&zone).to_rfc3339(),
             })
             .collect(),
+        policy,
+        policy_error,
+        decisions,
+        decisions_truncated,
     }))
 }
 

@@ -82,6 +82,10 @@ pub enum ApiError {
     DatabaseUnavailable(#[source] StoreError),
     #[error(transparent)]
     Store(StoreError),
+    /// A failure of ours that is not the database's (a computation that
+    /// panicked, a bug); the log has the text, the client a 500.
+    #[error("internal error: {0}")]
+    Internal(String),
 }
 
 impl ApiError {
@@ -137,7 +141,9 @@ impl ApiError {
             ApiError::Unavailable(_) | ApiError::DatabaseUnavailable(_) => {
                 (StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable)
             }
-            ApiError::Store(_) => (StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::Internal),
+            ApiError::Store(_) | ApiError::Internal(_) => {
+                (StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::Internal)
+            }
         }
     }
 
@@ -186,7 +192,7 @@ impl ApiError {
             ApiError::ReadOnly => Message::new("read_only"),
             ApiError::Unavailable(detail) => Message::new("unavailable").arg("detail", detail),
             ApiError::DatabaseUnavailable(_) => Message::new("database_unavailable"),
-            ApiError::Store(_) => Message::new("internal"),
+            ApiError::Store(_) | ApiError::Internal(_) => Message::new("internal"),
         }
     }
 }
@@ -232,6 +238,7 @@ impl IntoResponse for ApiError {
         // gets it in the log, the client a message of ours.
         match &self {
             ApiError::Store(e) => error!("API request failed: {e}"),
+            ApiError::Internal(e) => error!("API request failed: {e}"),
             ApiError::DuplicateRow(e) | ApiError::ReferencedRow(e) => {
                 info!("API change refused by a constraint: {e}")
             }
@@ -446,6 +453,7 @@ mod tests {
             ApiError::Unauthorized,
             ApiError::ReadOnly,
             ApiError::Unavailable("x".into()),
+            ApiError::Internal("x".into()),
         ];
         for error in errors {
             for locale in Locale::ALL {

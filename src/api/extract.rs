@@ -406,16 +406,21 @@ pub fn caller_of(tokens: &[NamedToken], headers: &HeaderMap) -> Option<Caller> {
     found
 }
 
-/// Mutations (anything but GET and HEAD) need `Authorization: Bearer
-/// <token>` with a token of API_TOKENS or API_TOKEN; without either the
-/// API is read-only. The token's name goes on the request as a [`Caller`]
-/// and into the audit line.
+/// Mutations need `Authorization: Bearer <token>` with a token of
+/// API_TOKENS or API_TOKEN; without either the API is read-only. The
+/// token's name goes on the request as a [`Caller`] and into the audit
+/// line.
+///
+/// Which operations are mutations the OpenAPI document says (they declare
+/// `security`): every method but GET and HEAD, except `POST /simulate`,
+/// which computes a report and changes nothing, so it is as open as the
+/// reads.
 pub async fn require_token(
     State(state): State<ApiState>,
     mut req: Request<Body>,
     next: Next,
 ) -> Response {
-    if matches!(*req.method(), Method::GET | Method::HEAD) || !routed(&req) {
+    if matches!(*req.method(), Method::GET | Method::HEAD) || !routed(&req) || !guarded(&req) {
         return next.run(req).await;
     }
     let tokens = state.config().tokens();
@@ -463,6 +468,15 @@ pub async fn refuse_undeclared_query(req: Request<Body>, next: Next) -> Response
         }
     }
     next.run(req).await
+}
+
+/// Whether the routed operation needs the token, as the document says;
+/// one it does not list (none should be) does, when it is not a read.
+fn guarded(req: &Request<Body>) -> bool {
+    req.extensions()
+        .get::<axum::extract::MatchedPath>()
+        .and_then(|matched| super::routes::requires_token(req.method().as_str(), matched.as_str()))
+        .unwrap_or(true)
 }
 
 /// Whether the path takes this method; if not, the request goes on to the

@@ -16,6 +16,7 @@ mod metrics;
 pub mod present;
 pub mod routes;
 pub mod schema;
+pub mod simulation;
 pub mod views;
 
 use std::net::SocketAddr;

@@ -24,6 +24,7 @@ use super::catalog::Cascade;
 use super::catalog::{self as c, DURATION_KEYS, longest_action_ms};
 use super::engine as e;
 use super::schema::{ErrorEnvelope, JsonObject, JsonValue, json_value_schema};
+use super::simulation as sim;
 
 pub const PREFIX: &str = "/api/v1";
 
@@ -90,6 +91,7 @@ pub fn api() -> OpenApiRouter<ApiState> {
         .routes(routes!(e::plan))
         .routes(routes!(e::plan_ready))
         .routes(routes!(e::stats))
+        .routes(routes!(sim::simulate))
         .routes(routes!(openapi_handler))
 }
 
@@ -178,6 +180,21 @@ pub fn query_parameters(method: &str, path: &str) -> Option<Vec<String>> {
     )
 }
 
+/// Whether the operation for `method` on the path template `path` (with
+/// or without [`PREFIX`]) needs the bearer token: it declares `security`,
+/// as every change does and a read or a simulation does not. None for an
+/// operation the document does not have.
+pub fn requires_token(method: &str, path: &str) -> Option<bool> {
+    let full = if path.starts_with(PREFIX) {
+        path.to_string()
+    } else {
+        format!("{PREFIX}{path}")
+    };
+    let method = method.to_ascii_lowercase();
+    let operation = DOCUMENT.get("paths")?.get(&full)?.get(&method)?;
+    Some(operation.get("security").is_some())
+}
+
 /// The HTTP methods of an operation in a path item.
 const METHODS: [&str; 8] = [
     "get", "put", "post", "delete", "options", "head", "patch", "trace",
@@ -201,7 +218,7 @@ fn complete(document: &mut Value) {
     for item in paths.values_mut().filter_map(Value::as_object_mut) {
         for (method, operation) in item.iter_mut() {
             if METHODS.contains(&method.as_str()) {
-                add_errors(method, operation);
+                add_errors(operation);
             }
         }
     }
@@ -225,6 +242,25 @@ fn complete(document: &mut Value) {
         }
     }
     effective_policy_ranges(document);
+    // A simulation's range and its down windows run forwards, which JSON
+    // Schema cannot say; the examples of their bounds do, so a body made
+    // of the properties' examples (a client's, a fuzzer's) is one the
+    // server takes. utoipa gives a field holding a `$ref` no examples.
+    for (schema, from, to) in [
+        (
+            "SimulateInput",
+            "2026-03-28T00:00:00Z",
+            "2026-03-29T00:00:00Z",
+        ),
+        ("DownWindow", "2026-03-28T01:00:00Z", "2026-03-28T04:00:00Z"),
+    ] {
+        for (field, example) in [("from", from), ("to", to)] {
+            let pointer = format!("/components/schemas/{schema}/properties/{field}");
+            if let Some(property) = document.pointer_mut(&pointer) {
+                property["examples"] = json!([example]);
+            }
+        }
+    }
     let Some(paths) = document.get_mut("paths").and_then(Value::as_object_mut) else {
         return;
     };
@@ -283,8 +319,10 @@ fn effective_policy_ranges(document: &mut Value) {
     }
 }
 
-fn add_errors(method: &str, operation: &mut Value) {
+fn add_errors(operation: &mut Value) {
     let has_body = operation.get("requestBody").is_some();
+    // Changes need the token; reads and the simulation do not.
+    let guarded = operation.get("security").is_some();
     let previews = operation.get("operationId").and_then(Value::as_str) == Some("preview_runs");
     let Some(responses) = operation
         .get_mut("responses")
@@ -304,7 +342,7 @@ fn add_errors(method: &str, operation: &mut Value) {
             "The database or an actor is unavailable for now; try again",
         ),
     ];
-    if method != "get" {
+    if guarded {
         errors.extend([
             ("401", "No token, or not one of API_TOKEN or API_TOKENS"),
             ("403", "The API is read-only: the service has no API token"),
@@ -479,14 +517,138 @@ mod tests {
                         "{method} {path} {status}"
                     );
                 }
-                let mutation = method != "get";
+                // Every method but GET changes something, except the
+                // simulation, which only computes.
+                let mutation = method != "get" && operation["operationId"] != "simulate";
                 assert_eq!(
                     operation.get("security").is_some(),
                     mutation,
                     "{method} {path}: only changes need the token"
                 );
+                assert_eq!(
+                    requires_token(method, path),
+                    Some(mutation),
+                    "{method} {path}"
+                );
+                for status in ["401", "403"] {
+                    assert_eq!(
+                        responses.contains_key(status),
+                        mutation,
+                        "{method} {path} {status}: only operations that take the token refuse one"
+                    );
+                }
             }
         }
+    }
+
+    #[test]
+    fn the_simulation_is_documented_with_its_bounds_and_needs_no_token() {
+        let operation = &DOCUMENT["paths"]["/api/v1/simulate"]["post"];
+        assert_eq!(operation["operationId"], "simulate");
+        assert!(operation.get("security").is_none(), "{operation}");
+        assert_eq!(requires_token("post", "/simulate"), Some(false));
+        assert_eq!(allowed_methods("/simulate").as_deref(), Some("POST"));
+        let responses = &operation["responses"];
+        assert_eq!(
+            responses["200"]["content"]["application/json"]["schema"]["$ref"],
+            "#/components/schemas/SimulationReport"
+        );
+        let refused = responses["400"]["description"].as_str().unwrap();
+        assert!(
+            refused.contains("ticks") && refused.contains("decisions"),
+            "{refused}"
+        );
+        for status in ["413", "415", "500", "503"] {
+            assert!(responses.get(status).is_some(), "{status}");
+        }
+        let schemas = &DOCUMENT["components"]["schemas"];
+        let input = &schemas["SimulateInput"];
+        assert_eq!(input["additionalProperties"], false, "{input}");
+        assert_eq!(input["required"], json!(["from", "to"]), "{input}");
+        let properties = &input["properties"];
+        assert_eq!(
+            properties["fail_rate"]["$ref"],
+            "#/components/schemas/Share"
+        );
+        let share = &schemas["Share"];
+        assert_eq!(
+            (share["minimum"].as_f64(), share["maximum"].as_f64()),
+            (Some(0.0), Some(1.0))
+        );
+        for (field, minimum, maximum) in [
+            ("resolution_ms", 1.0, 86_400_000.0),
+            ("duration_ms", 1.0, 2_678_400_000.0),
+            ("seed", 0.0, 9_007_199_254_740_991.0),
+        ] {
+            let property = &properties[field];
+            assert_eq!(
+                property["minimum"].as_f64(),
+                Some(minimum),
+                "{field}: {property}"
+            );
+            assert_eq!(
+                property["maximum"].as_f64(),
+                Some(maximum),
+                "{field}: {property}"
+            );
+        }
+        assert_eq!(properties["resolution_ms"]["default"], 1000);
+        assert_eq!(properties["duration_ms"]["default"], 200);
+        assert_eq!(properties["down"]["maxItems"], 100);
+        assert_eq!(schemas["DownWindow"]["additionalProperties"], false);
+        // The examples of a range run forwards.
+        for schema in ["SimulateInput", "DownWindow"] {
+            let example = |field: &str| {
+                let text = schemas[schema]["properties"][field]["examples"][0].as_str();
+                crate::api::schema::RequestTime::parse(text.unwrap())
+                    .unwrap()
+                    .0
+            };
+            assert!(example("from") < example("to"), "{schema}");
+        }
+        let decision = &schemas["SimulatedDecision"]["properties"];
+        for field in [
+            "tick",
+            "at",
+            "utc",
+            "local",
+            "branch_rule_id",
+            "partition",
+            "zone",
+        ] {
+            assert!(decision.get(field).is_some(), "{field}");
+        }
+        assert_eq!(
+            schemas["SimulatedDecisionKind"]["enum"],
+            json!([
+                "run",
+                "skipped",
+                "held_by_window",
+                "buffered",
+                "retry",
+                "finished",
+                "lost"
+            ])
+        );
+    }
+
+    #[test]
+    fn the_preview_shows_the_policy_and_its_decisions() {
+        let schemas = &DOCUMENT["components"]["schemas"];
+        let preview = &schemas["Preview"]["properties"];
+        assert_eq!(
+            preview["policy"]["oneOf"][0]["$ref"],
+            "#/components/schemas/EffectivePolicy"
+        );
+        assert!(preview.get("runs").is_some() && preview.get("decisions").is_some());
+        assert_eq!(
+            schemas["PolicyStep"]["properties"]["decision"]["$ref"],
+            "#/components/schemas/StepDecision"
+        );
+        let choices = &schemas["StepDecision"]["enum"];
+        let mut expected = vec!["run"];
+        expected.extend(crate::schedule::SkipReason::ALL.iter().map(|r| r.as_str()));
+        assert_eq!(choices, &json!(expected));
     }
 
     #[test]

@@ -145,6 +145,41 @@ impl PartialSchema for RequestTime {
 
 impl ToSchema for RequestTime {}
 
+/// A share from 0 to 1, both included (a simulation's `fail_rate`).
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
+#[serde(transparent)]
+pub struct Share(pub f64);
+
+impl Share {
+    pub fn check(value: f64) -> Result<Share, String> {
+        if (0.0..=1.0).contains(&value) {
+            Ok(Share(value))
+        } else {
+            Err(format!("{value} is not a number from 0 to 1"))
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Share {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let value = f64::deserialize(deserializer)?;
+        Share::check(value).map_err(D::Error::custom)
+    }
+}
+
+impl PartialSchema for Share {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::Number)
+            .minimum(Some(0.0))
+            .maximum(Some(1.0))
+            .examples([0.1])
+            .into()
+    }
+}
+
+impl ToSchema for Share {}
+
 /// A name: not blank, no NUL, at most [`NAME_MAX_CHARS`] characters.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(transparent)]

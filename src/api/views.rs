@@ -22,7 +22,7 @@ use crate::messages::master::CancelOutcome;
 use crate::model::{ExecutionStatus, RejectedRow};
 use crate::plan::PlanStats;
 use crate::queue::QueueStats;
-use crate::schedule::{EffectivePolicy, Policy};
+use crate::schedule::{EffectivePolicy, Policy, SkipReason};
 
 /// A stored row read into its view, secrets hidden on the way: the JSON
 /// columns by the action config schema, URLs in error text. A stored
@@ -392,14 +392,151 @@ pub struct CancelledRun {
     pub outcome: RunCancel,
 }
 
-/// The next runs as the service will make them.
+/// The next runs as the service will make them, and what the branch
+/// rule's policy does with each occurrence on the way to them.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Preview {
     pub cron_expression: String,
     pub timezone: String,
     pub operation_time_from: Option<String>,
     pub operation_time_to: Option<String>,
+    /// The next `count` runs: each occurrence, one outside the window
+    /// deferred to its opening (the policy aside).
     pub runs: Vec<PreviewRun>,
+    /// The policy in force: the branch rule's own fields, then its rule's,
+    /// then the defaults. `null` when a stored policy is not one
+    /// (`policy_error` says why; the plan holds the rule until it is fixed).
+    pub policy: Option<EffectivePolicy>,
+    /// Why its stored policy or its rule's is not one, when it is not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy_error: Option<String>,
+    /// Under the policy, in order: every occurrence up to the `count`-th
+    /// run, each run with its start (start offset and window applied) and
+    /// each skipped one with the reason, as the engine decides them with
+    /// ruled up throughout and every run instant (`ruled preview
+    /// --policy`). Empty when `policy` is `null`.
+    pub decisions: Vec<PolicyStep>,
+    /// `decisions` stops short of `count` runs: the policy skips too many
+    /// occurrences on the way (more than 10,000 decisions in a span
+    /// simulated), none runs within 1,024 days, or the policy is not one.
+    pub decisions_truncated: bool,
+}
+
+/// One occurrence under the policy, and what happens to it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct PolicyStep {
+    /// The occurrence (its due time).
+    pub occurrence: Timestamp,
+    /// When it starts; `null` when it does not run.
+    pub starts_at: Option<Timestamp>,
+    pub decision: StepDecision,
+}
+
+/// `run`, or why the occurrence is skipped (a skip reason).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct StepDecision(pub String);
+
+impl utoipa::PartialSchema for StepDecision {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        let mut choices = vec!["run"];
+        choices.extend(SkipReason::ALL.iter().map(|r| r.as_str()));
+        utoipa::openapi::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::String)
+            .enum_values(Some(choices))
+            .description(Some("`run`, or why the occurrence is skipped"))
+            .into()
+    }
+}
+
+impl ToSchema for StepDecision {}
+
+/// `POST /simulate`: the decisions the engine would make over the range,
+/// in order, and their totals (`ruled simulate --format json`).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SimulationReport {
+    /// Tick 0.
+    pub from: Timestamp,
+    /// The end (exclusive).
+    pub to: Timestamp,
+    /// Milliseconds per tick.
+    pub resolution_ms: i64,
+    /// Runs started (retries included).
+    pub runs: usize,
+    /// Occurrences recorded skipped.
+    pub skipped: usize,
+    /// Retries scheduled after a failed run.
+    pub retries: usize,
+    /// Ticks the clock stopped at: where something could happen.
+    pub ticks_visited: usize,
+    /// In the order they are made: by tick, and within a tick as the
+    /// engine makes them (runs ending, then skips and starts by due time
+    /// and id).
+    pub decisions: Vec<SimulatedDecision>,
+}
+
+/// One decision of a simulation. `reason` and `detail` come with
+/// `skipped`, `opens` with `held_by_window`, `retry_at` with `retry`,
+/// `status` with `finished`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SimulatedDecision {
+    /// `(at − from) / resolution_ms`, rounded down.
+    pub tick: u64,
+    pub at: Timestamp,
+    /// `at` as `ruled simulate` prints it: UTC to the millisecond.
+    #[schema(examples("2026-03-29T01:00:00.000Z"))]
+    pub utc: String,
+    /// `at` in the branch's zone, as `ruled simulate` prints it.
+    #[schema(examples("2026-03-29 03:00:00 CEST"))]
+    pub local: String,
+    pub branch_rule_id: Uuid,
+    /// Its partition of PARTITION_COUNT.
+    pub partition: u32,
+    /// The branch's zone (else DEFAULT_TIMEZONE).
+    pub zone: String,
+    /// The occurrence decided about (its due time).
+    pub occurrence: Timestamp,
+    /// The attempt at the occurrence, from 1; 0 where none is made
+    /// (`held_by_window`, `buffered`).
+    #[schema(minimum = 0)]
+    pub attempt: i64,
+    pub decision: SimulatedDecisionKind,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<SkipReason>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    /// When the window opens (left out past 9999-12-31, which RFC 3339
+    /// cannot write).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub opens: Option<Timestamp>,
+    /// When the retry runs (left out past 9999-12-31).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_at: Option<Timestamp>,
+    /// How the run ended: `completed`, `failed` or `cancelled`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(examples("completed"))]
+    pub status: Option<String>,
+}
+
+/// What the engine decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SimulatedDecisionKind {
+    /// Claimed and started.
+    Run,
+    /// Recorded skipped (`reason`, `detail`).
+    Skipped,
+    /// Due, but the window is closed; it runs once it opens (`opens`).
+    HeldByWindow,
+    /// Fell due while the previous run ran; it runs right after it.
+    Buffered,
+    /// The run failed; this attempt runs at `retry_at`.
+    Retry,
+    /// The run ended (`status`).
+    Finished,
+    /// Ruled stopped while it ran (a `down` window): recorded
+    /// `worker_lost`, it runs again.
+    Lost,
 }
 
 #[derive(Debug, Serialize, ToSchema)]

@@ -4,6 +4,7 @@ use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
 
 use super::CommandError;
+use crate::model::Millis;
 use crate::plan::simulate::{preview_under_policy, single_rule_plan};
 use crate::schedule::{CronSchedule, Policy, Window, next_after_millis, parse_timezone, preview};
 
@@ -85,12 +86,7 @@ fn policy_lines(
         policy,
         first,
     );
-    let steps = preview_under_policy(plan, from_ms, count, zone).map_err(|e| {
-        CommandError::InvalidArgument {
-            field: "--from",
-            message: e.to_string(),
-        }
-    })?;
+    let (steps, _) = preview_under_policy(&plan, from_ms, count, zone, Millis::MAX);
     let text = |at: i64| {
         let utc = crate::clock::millis_to_utc(at);
         let local = utc.with_timezone(&zone);

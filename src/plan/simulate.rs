@@ -677,31 +677,54 @@ pub fn single_rule_plan(
     })
 }
 
+/// At most this many decisions in one pass of a policy preview: a rule
+/// that skips nearly everything (a minute cron in a one-minute window)
+/// gives up here rather than simulating years.
+pub const PREVIEW_DECISIONS_MAX: usize = 10_000;
+
 /// The next `count` runs of one branch rule under its policy, with the
 /// occurrences the policy skips on the way (a window's closed hours under
 /// `run_once` or `skip`, the ones past `catchup_max`): the simulation of
-/// that one rule, with ruled up throughout and every run instant.
+/// that one rule, with ruled up throughout and every run instant, over a
+/// span growing from a day to 1,024 days (and never past `until`) until
+/// `count` runs are in it. The second value is `true` when the steps stop
+/// short of `count` runs: a pass made more than [`PREVIEW_DECISIONS_MAX`]
+/// decisions, or the span ran out; the steps are then those of the last
+/// pass that did not give up, a prefix of the full answer (what the
+/// simulation decides by a time does not depend on where it ends).
 pub fn preview_under_policy(
-    plan_of_one: ExecutionPlan,
+    plan_of_one: &ExecutionPlan,
     from: Millis,
     count: usize,
     default_zone: Tz,
-) -> Result<Vec<PreviewStep>, SimulationError> {
-    let mut horizon: Millis = 8 * 86_400_000;
+    until: Millis,
+) -> (Vec<PreviewStep>, bool) {
+    const FIRST_SPAN_MS: Millis = 86_400_000;
+    const LAST_SPAN_MS: Millis = 1024 * 86_400_000;
+    let mut span = FIRST_SPAN_MS;
+    let mut shown = Vec::new();
     loop {
-        let mut sim = Simulation::new(from, from.saturating_add(horizon));
+        let end = from.saturating_add(span).min(until.saturating_add(1));
+        let mut sim = Simulation::new(from, end);
         sim.duration_ms = 1;
         sim.workers = 1;
         sim.default_zone = default_zone;
-        let report = simulate(plan_of_one.clone(), &sim)?;
+        sim.max_decisions = Some(PREVIEW_DECISIONS_MAX);
+        let Ok(report) = simulate(plan_of_one.clone(), &sim) else {
+            return (shown, true);
+        };
         let mut steps = Vec::new();
+        let mut runs = 0;
         for decision in &report.decisions {
             let step = match &decision.kind {
-                DecisionKind::Run => PreviewStep {
-                    occurrence: decision.occurrence,
-                    starts_at: Some(decision.at),
-                    decision: "run".into(),
-                },
+                DecisionKind::Run => {
+                    runs += 1;
+                    PreviewStep {
+                        occurrence: decision.occurrence,
+                        starts_at: Some(decision.at),
+                        decision: "run".into(),
+                    }
+                }
                 DecisionKind::Skipped { reason, .. } => PreviewStep {
                     occurrence: decision.occurrence,
                     starts_at: None,
@@ -710,14 +733,15 @@ pub fn preview_under_policy(
                 _ => continue,
             };
             steps.push(step);
-            if steps.iter().filter(|s| s.starts_at.is_some()).count() == count {
-                return Ok(steps);
+            if runs == count {
+                return (steps, false);
             }
         }
-        if horizon >= 800 * 86_400_000 {
-            return Ok(steps);
+        shown = steps;
+        if span >= LAST_SPAN_MS || end > until {
+            return (shown, true);
         }
-        horizon *= 4;
+        span *= 4;
     }
 }
 
