@@ -42,8 +42,8 @@ mod zone;
 
 pub use cron::{CronSchedule, ScheduleCache, next_after, next_after_millis};
 pub use policy::{
-    Bounded, EffectivePolicy, Misfire, Overlap, Policy, SkipReason, DEFAULT_BACKOFF_MAX_SECONDS,
-    DEFAULT_BACKOFF_SECONDS, DEFAULT_CATCHUP_MAX, DEFAULT_MAX_ATTEMPTS,
+    Bounded, DEFAULT_BACKOFF_MAX_SECONDS, DEFAULT_BACKOFF_SECONDS, DEFAULT_CATCHUP_MAX,
+    DEFAULT_MAX_ATTEMPTS, EffectivePolicy, Misfire, Overlap, Policy, SkipReason,
 };
 pub use preview::preview;
 pub use window::{TimeOfDay, Window, window_contains};
