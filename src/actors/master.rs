@@ -27,7 +27,7 @@ use crate::messages::{MasterMsg, MemoryGuardMsg, PlanMsg, RefresherMsg, WorkerMs
 use crate::metrics as m;
 use crate::model::{ExecutionStatus, Millis};
 use crate::plan::{Ending, JobSpec, decide_due, overlap_due};
-use crate::queue::{DedupReason, JobQueue, WorkerPool};
+use crate::queue::{DedupReason, JobQueue, StartLagHistory, WorkerPool};
 use crate::recovery;
 use crate::schedule::Overlap;
 use crate::store::{Store, StoreError, Transition, TransitionBatcher};
@@ -54,6 +54,8 @@ struct Drain {
 pub struct MasterState {
     args: MasterArgs,
     queue: JobQueue<Box<Job>>,
+    /// How late this incarnation's jobs started, for the console's chart.
+    start_lag: StartLagHistory,
     /// The workers: alive, idle, and busy with their jobs.
     pool: WorkerPool<ActorId, ActorRef<WorkerMsg>, Box<Job>>,
     /// Rules whose claims are in flight: not fetched again meanwhile.
@@ -99,6 +101,7 @@ impl Actor for MasterActor {
         let pool = WorkerPool::new(config.worker_count, !config.worker_single_job_mode);
         let mut state = MasterState {
             queue: JobQueue::new(config.recently_processed.as_millis() as Millis),
+            start_lag: StartLagHistory::new(),
             args,
             pool,
             claiming: HashSet::new(),
@@ -167,6 +170,10 @@ impl Actor for MasterActor {
             }
             MasterMsg::Stats(reply) => {
                 let _ = reply.send(state.stats());
+            }
+            MasterMsg::JobStarted { at, lag_ms } => state.start_lag.record(at, lag_ms),
+            MasterMsg::StartLag(reply) => {
+                let _ = reply.send(state.start_lag.series(state.args.clock.now_ms()));
             }
             MasterMsg::Drain { grace, reply } => state.start_drain(&myself, grace, reply).await,
             MasterMsg::DrainDeadline => state.drain_deadline(),

@@ -11,14 +11,14 @@ use crate::cluster::Ownership;
 use crate::config::Config;
 use crate::directory::Directory;
 use crate::lifecycle::RetryUpdate;
-use crate::messages::plan::{HeldWorkflow, QuarantineReport, ReadyJobs};
+use crate::messages::plan::{HeldWorkflow, QuarantineReport, Readiness, ReadyJobs};
 use crate::messages::{MasterMsg, PlanMsg, RefresherMsg, WriterMsg};
 use crate::metrics as m;
 use crate::model::{Millis, PlanScope};
 use crate::persist::read_plan_file;
 use crate::plan::{
-    ExecutionPlan, MergeOptions, MergeReport, PlanStats, QuarantineChange, check_ready, job_spec,
-    merge, missed_windows, next_wake, ready_owned, schedule_of,
+    ExecutionPlan, MergeOptions, MergeReport, PlanStats, QuarantineChange, browse, check_ready,
+    job_spec, merge, missed_windows, next_wake, ready_owned, schedule_of,
 };
 use crate::schedule::ScheduleCache;
 
@@ -279,6 +279,17 @@ impl Actor for PlanActor {
             PlanMsg::Stats(reply) => {
                 let _ = reply.send(state.plan.stats(now));
             }
+            PlanMsg::Readiness(reply) => {
+                let _ = reply.send(state.readiness(now));
+            }
+            PlanMsg::Browse {
+                query,
+                owners,
+                reply,
+            } => {
+                let zone = state.config.default_timezone;
+                let _ = reply.send(browse(&state.plan, now, zone, owners.as_ref(), &query));
+            }
             PlanMsg::FlushToWriter => state.flush_to_writer(&myself, now),
             PlanMsg::InjectPanic(reason) => panic!("{reason}"),
         }
@@ -327,11 +338,22 @@ impl PlanState {
     /// (the master's fetches also set the ready gauge). Both walk only the
     /// due part of the index.
     fn publish_readiness(&self, now: Millis) {
-        let ready = self.ready_now(now);
-        metrics::gauge!(m::PLAN_READY_WORKFLOWS).set(ready.len() as f64);
+        let readiness = self.readiness(now);
+        metrics::gauge!(m::PLAN_READY_WORKFLOWS).set(readiness.ready as f64);
+        metrics::gauge!(m::PLAN_MISSED_WINDOW_WORKFLOWS).set(readiness.missed_window as f64);
+    }
+
+    fn readiness(&self, now: Millis) -> Readiness {
         let config = &self.config;
-        let missed = missed_windows(&self.plan, now, config.default_timezone, &self.ownership);
-        metrics::gauge!(m::PLAN_MISSED_WINDOW_WORKFLOWS).set(missed as f64);
+        Readiness {
+            ready: self.ready_now(now).len(),
+            missed_window: missed_windows(
+                &self.plan,
+                now,
+                config.default_timezone,
+                &self.ownership,
+            ),
+        }
     }
 
     /// The quarantined rows and the held workflows with their reasons.

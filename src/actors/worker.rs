@@ -243,6 +243,7 @@ impl WorkerState {
         }
         let lag_ms = (now - job.execution.scheduled_for).max(0);
         metrics::histogram!(m::DISPATCH_LAG_SECONDS).record(lag_ms as f64 / 1000.0);
+        let _ = args.master.cast(MasterMsg::JobStarted { at: now, lag_ms });
 
         let steps = match job.spec.steps.clone() {
             Some(steps) => steps,

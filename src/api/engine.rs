@@ -18,14 +18,16 @@ use super::schema::{RequestTime, Timestamp};
 use super::simulation::{merged_policy, policy_preview};
 use super::views::{
     BranchRule, CancelAccepted, Execution, ExecutionPage, ForceStopped, Instance, Instances,
-    PlanReady, PlanView, Preview, PreviewRun, RunAccepted, RunCancel, Stats,
+    MemoryView, PlanReady, PlanView, Preview, PreviewRun, RecentError, RunAccepted, RunCancel,
+    Stats, WorkflowPage,
 };
 use crate::actors::ask;
 use crate::messages::master::CancelOutcome;
-use crate::messages::{MasterMsg, PlanMsg, WriterMsg};
+use crate::messages::memory_guard::MemoryStatus;
+use crate::messages::{MasterMsg, MemoryGuardMsg, PlanMsg, WriterMsg};
 use crate::model::ExecutionStatus;
-use crate::plan::ResolveError;
-use crate::schedule::{EffectivePolicy, Window, preview};
+use crate::plan::{BrowseKey, BrowseQuery, ResolveError, RuleState};
+use crate::schedule::{EffectivePolicy, Window};
 use crate::store::ExecutionFilter;
 use crate::store::rows::BRANCH_RULES;
 
@@ -223,7 +225,7 @@ pub async fn preview_runs(
     let from_ms = from;
     let from = chrono::DateTime::from_timestamp_millis(from)
         .ok_or_else(|| ApiError::field("from", "out of range"))?;
-    let runs = preview(&schedule, zone, window, from, count)
+    let runs = crate::schedule::preview_runs(&schedule, zone, window, from, count)
         .map_err(|e| ApiError::Conflict(e.to_string()))?;
     // The policy as the plan reads it: a stored one that is not a policy
     // is shown with why, and nothing is decided under it.
@@ -245,9 +247,11 @@ pub async fn preview_runs(
         operation_time_to: text("operation_time_to"),
         runs: runs
             .iter()
-            .map(|t| PreviewRun {
-                utc: t.to_rfc3339(),
-                local: t.with_timezone(&zone).to_rfc3339(),
+            .map(|run| PreviewRun {
+                utc: run.at.to_rfc3339(),
+                local: run.at.with_timezone(&zone).to_rfc3339(),
+                dst: run.in_dst(zone),
+                deferred_from: run.deferred().then(|| run.occurrence.to_rfc3339()),
             })
             .collect(),
         policy,
@@ -281,6 +285,19 @@ pub struct ExecutionQuery {
         pattern = "^-?[0-9]{1,18}_[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
     )]
     cursor: Option<String>,
+    /// `asc`: oldest request first (the default); `desc`: newest first, as
+    /// the console's live list shows them. The cursor keeps the order.
+    #[param(value_type = Option<ListOrder>)]
+    order: Option<ListOrder>,
+}
+
+/// The order of a listing by request time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ListOrder {
+    #[default]
+    Asc,
+    Desc,
 }
 
 fn encode_cursor((at, id): (i64, Uuid)) -> String {
@@ -303,7 +320,7 @@ fn holds_token(s: &ApiState, headers: &HeaderMap) -> bool {
 }
 
 #[utoipa::path(get, path = "/executions", tag = "executions", params(ExecutionQuery),
-    responses((status = 200, description = "A page of executions, newest first", body = ExecutionPage)))]
+    responses((status = 200, description = "A page of executions in request order (`order`)", body = ExecutionPage)))]
 pub async fn list_executions(
     State(s): State<ApiState>,
     headers: HeaderMap,
@@ -319,6 +336,7 @@ pub async fn list_executions(
         to: q.to.map(|t| t.0),
         limit,
         after: q.cursor.as_deref().map(decode_cursor).transpose()?,
+        newest_first: q.order == Some(ListOrder::Desc),
     };
     let page = s.store().list_executions(&filter).await?;
     Ok(Json(ExecutionPage {
@@ -523,19 +541,185 @@ pub async fn plan_ready(State(s): State<ApiState>) -> ApiResult<Json<PlanReady>>
     Ok(Json(PlanReady { ready }))
 }
 
-/// Seed 004's queue statistics, seed 000's writer status, the plan's size.
+/// Seed 004's queue statistics, seed 000's writer status, the plan's size,
+/// and the console overview's figures: readiness, memory, start lag and the
+/// latest failures.
 #[utoipa::path(get, path = "/stats", tag = "plan",
-    responses((status = 200, description = "Queue, writer and plan statistics", body = Stats)))]
+    responses((status = 200, description = "Queue, writer, plan, readiness, memory and start-lag statistics", body = Stats)))]
 pub async fn stats(State(s): State<ApiState>) -> ApiResult<Json<Stats>> {
-    let master = s.directory().master().ok_or_else(|| restarting("master"))?;
-    let writer = s.directory().writer().ok_or_else(|| restarting("writer"))?;
-    let plan = s.directory().plan().ok_or_else(|| restarting("plan"))?;
+    let directory = s.directory();
+    let master = directory.master().ok_or_else(|| restarting("master"))?;
+    let writer = directory.writer().ok_or_else(|| restarting("writer"))?;
+    let plan = directory.plan().ok_or_else(|| restarting("plan"))?;
+    let guard = directory
+        .memory_guard()
+        .ok_or_else(|| restarting("memory guard"))?;
     let queue = ask(&master, MasterMsg::Stats).await?;
+    let start_lag = ask(&master, MasterMsg::StartLag).await?;
     let writer = ask(&writer, WriterMsg::Stats).await?;
+    let readiness = ask(&plan, PlanMsg::Readiness).await?;
     let plan = ask(&plan, PlanMsg::Stats).await?;
+    let memory = ask(&guard, MemoryGuardMsg::Status).await?;
     Ok(Json(Stats {
         queue,
         writer: writer.into(),
         plan,
+        readiness,
+        memory: memory_view(memory, s.config()),
+        start_lag: start_lag.into(),
+        recent_errors: recent_errors(&s).await?,
+        now: Timestamp(s.clock().now_ms()),
+        instance_id: s.config().instance_id.clone(),
+        read_only: s.config().tokens().is_empty(),
+    }))
+}
+
+/// How many failures the overview lists.
+const RECENT_ERRORS: usize = 10;
+
+/// The latest failed and timed-out executions, newest first: one keyset
+/// read per status on the finished-status index.
+async fn recent_errors(s: &ApiState) -> ApiResult<Vec<RecentError>> {
+    let mut failures = Vec::new();
+    for status in [ExecutionStatus::Failed, ExecutionStatus::TimedOut] {
+        let filter = ExecutionFilter {
+            status: Some(status),
+            limit: RECENT_ERRORS as i64,
+            newest_first: true,
+            ..ExecutionFilter::default()
+        };
+        failures.extend(s.store().list_executions(&filter).await?);
+    }
+    failures.sort_by_key(|e| std::cmp::Reverse((e.requested_at, e.id)));
+    failures.truncate(RECENT_ERRORS);
+    Ok(failures
+        .into_iter()
+        .map(|e| RecentError {
+            id: e.id,
+            branch_rule_id: e.branch_rule_id,
+            status: e.status,
+            attempt: e.attempt,
+            requested_at: Timestamp(e.requested_at),
+            finished_at: e.finished_at.map(Timestamp),
+            error: e.error,
+        })
+        .collect())
+}
+
+fn memory_view(status: MemoryStatus, config: &crate::config::Config) -> MemoryView {
+    let reading = status.last_reading.as_ref();
+    MemoryView {
+        throttled: status.throttle.throttled,
+        reason: status.throttle.reason,
+        ram_ratio: reading.map(|r| r.ram.ratio()),
+        swap_ratio: reading.map(|r| r.swap.ratio()),
+        gpu_ratio: reading
+            .and_then(|r| r.gpus.as_ref())
+            .and_then(|gpus| gpus.iter().map(|g| g.ratio()).reduce(f64::max)),
+        gpu: status.gpu.to_string(),
+        memory_throttle_threshold: config.memory_throttle_threshold,
+        memory_resume_threshold: config.memory_resume_threshold,
+        swap_throttle_threshold: config.swap_throttle_threshold,
+        gpu_throttle_threshold: config.gpu_throttle_threshold,
+        gpu_resume_threshold: config.gpu_resume_threshold,
+        last_error: status.last_error,
+    }
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct WorkflowQuery {
+    /// Only this brand's branch rules.
+    brand_id: Option<Uuid>,
+    /// Only this branch's.
+    branch_id: Option<Uuid>,
+    #[param(value_type = Option<RuleState>)]
+    state: Option<RuleState>,
+    /// Part of the rule's, branch's or brand's name, any case.
+    #[param(max_length = 200)]
+    q: Option<String>,
+    /// Only these branch rules: ids separated by commas.
+    #[param(max_length = 37000)]
+    ids: Option<String>,
+    /// Items per page.
+    #[param(minimum = 1, maximum = 1000, default = 100)]
+    limit: Option<i64>,
+    /// `next_cursor` of the previous page.
+    #[param(pattern = "^([0-9a-f]{2})+$", max_length = 4000)]
+    cursor: Option<String>,
+    /// `name` (brand, branch, rule; the default) or `next_run` (soonest
+    /// first, unscheduled last: the decision log).
+    #[param(value_type = Option<WorkflowSort>)]
+    sort: Option<WorkflowSort>,
+}
+
+/// The order of the plan's workflows.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkflowSort {
+    #[default]
+    Name,
+    NextRun,
+}
+
+/// The plan's workflows with their names, next run in UTC and local time,
+/// and the verdict `ruled plan` gives, filtered and paged in (brand,
+/// branch, rule name, id) order: the console's Rules page.
+#[utoipa::path(get, path = "/plan/workflows", tag = "plan", params(WorkflowQuery),
+    responses((status = 200, description = "A page of the plan's workflows", body = WorkflowPage)))]
+pub async fn plan_workflows(
+    State(s): State<ApiState>,
+    Query(q): Query<WorkflowQuery>,
+) -> ApiResult<Json<WorkflowPage>> {
+    let limit = super::catalog::page_limit(q.limit)? as usize;
+    let ids = q
+        .ids
+        .as_deref()
+        .map(|text| {
+            text.split(',')
+                .filter(|id| !id.is_empty())
+                .map(|id| {
+                    Uuid::parse_str(id.trim())
+                        .map_err(|_| ApiError::field("ids", format!("{id:?} is not a UUID")))
+                })
+                .collect::<ApiResult<Vec<Uuid>>>()
+        })
+        .transpose()?;
+    let after = q
+        .cursor
+        .as_deref()
+        .map(|cursor| {
+            BrowseKey::from_cursor(cursor)
+                .ok_or_else(|| ApiError::field("cursor", "is not a cursor this API returned"))
+        })
+        .transpose()?;
+    let query = BrowseQuery {
+        brand_id: q.brand_id,
+        branch_id: q.branch_id,
+        state: q.state,
+        search: q.q.filter(|text| !text.trim().is_empty()),
+        ids,
+        limit,
+        after,
+        by_next_run: q.sort == Some(WorkflowSort::NextRun),
+    };
+    let config = s.config();
+    let owners = s
+        .store()
+        .partition_owners(config.partition_count, &config.instance_id)
+        .await?;
+    let actor = s.directory().plan().ok_or_else(|| restarting("plan"))?;
+    let page = ask(&actor, |reply| PlanMsg::Browse {
+        query: Box::new(query),
+        owners: Some(owners),
+        reply,
+    })
+    .await?;
+    Ok(Json(WorkflowPage {
+        items: page.items.into_iter().map(Into::into).collect(),
+        next_cursor: page.next_cursor,
+        matched: page.matched,
+        states: page.states,
     }))
 }

@@ -7,8 +7,10 @@
 //! writers of plan and job state.
 
 mod catalog;
+mod console;
 mod engine;
 pub mod error;
+mod events;
 pub mod extract;
 mod health;
 pub mod i18n;
@@ -116,6 +118,9 @@ pub fn router(state: ApiState) -> Router {
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(metrics::metrics))
+        .route("/", get(console::index))
+        .route("/console/{file}", get(console::asset))
+        .route("/favicon.ico", get(console::favicon))
         .nest(routes::PREFIX, api)
         .fallback(no_route)
         .layer(axum::middleware::from_fn(error::envelope))

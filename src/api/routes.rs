@@ -23,6 +23,7 @@ use super::ApiState;
 use super::catalog::Cascade;
 use super::catalog::{self as c, DURATION_KEYS, longest_action_ms};
 use super::engine as e;
+use super::events;
 use super::schema::{ErrorEnvelope, JsonObject, JsonValue, json_value_schema};
 use super::simulation as sim;
 
@@ -90,8 +91,10 @@ pub fn api() -> OpenApiRouter<ApiState> {
         .routes(routes!(e::instances))
         .routes(routes!(e::plan))
         .routes(routes!(e::plan_ready))
+        .routes(routes!(e::plan_workflows))
         .routes(routes!(e::stats))
         .routes(routes!(sim::simulate))
+        .routes(routes!(events::events))
         .routes(routes!(openapi_handler))
 }
 

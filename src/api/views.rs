@@ -20,7 +20,8 @@ use super::schema::Timestamp;
 use crate::actions::secrets;
 use crate::messages::master::CancelOutcome;
 use crate::model::{ExecutionStatus, RejectedRow};
-use crate::plan::PlanStats;
+use crate::messages::plan::Readiness;
+use crate::plan::{PlanStats, RuleState, RuleSummary};
 use crate::queue::QueueStats;
 use crate::schedule::{EffectivePolicy, Policy, SkipReason};
 
@@ -546,6 +547,11 @@ pub struct PreviewRun {
     /// The same instant in the branch's zone, with its offset.
     #[schema(format = DateTime)]
     pub local: String,
+    /// The zone keeps daylight-saving time at this run.
+    pub dst: bool,
+    /// The occurrence the window deferred to this run, when it did.
+    #[schema(format = DateTime)]
+    pub deferred_from: Option<String>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -606,12 +612,167 @@ impl From<crate::messages::writer::WriterStats> for WriterStatus {
     }
 }
 
-/// Seed 004's queue statistics, seed 000's writer status, the plan's size.
+/// Seed 004's queue statistics, seed 000's writer status, the plan's size,
+/// and what the console's overview shows beside them: readiness, memory,
+/// start lag and the latest failures.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Stats {
     pub queue: QueueStats,
     pub writer: WriterStatus,
     pub plan: PlanStats,
+    pub readiness: Readiness,
+    pub memory: MemoryView,
+    /// This instance's start lag, minute by minute over the last 15 minutes.
+    pub start_lag: StartLagView,
+    /// The latest failed and timed-out executions, newest first.
+    pub recent_errors: Vec<RecentError>,
+    /// The clock the figures were taken at.
+    pub now: Timestamp,
+    pub instance_id: String,
+    /// No API_TOKEN or API_TOKENS is set: every change is refused, and the
+    /// console offers none.
+    pub read_only: bool,
+}
+
+/// The memory guard's state (seed 004): the gate and the last reading as
+/// ratios of 0 to 1, with the thresholds it compares them to, in percent.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct MemoryView {
+    pub throttled: bool,
+    /// Why, while throttled.
+    pub reason: Option<String>,
+    /// `None` until the first reading.
+    pub ram_ratio: Option<f64>,
+    pub swap_ratio: Option<f64>,
+    /// The fullest GPU's; `None` with GPU checks off.
+    pub gpu_ratio: Option<f64>,
+    /// "N NVIDIA device(s)" or "off: why".
+    pub gpu: String,
+    pub memory_throttle_threshold: f64,
+    pub memory_resume_threshold: f64,
+    pub swap_throttle_threshold: f64,
+    pub gpu_throttle_threshold: f64,
+    pub gpu_resume_threshold: f64,
+    /// Why the last reading failed, while readings fail.
+    pub last_error: Option<String>,
+}
+
+/// One minute of start lag.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct LagPointView {
+    pub minute: Timestamp,
+    pub starts: u64,
+    pub p50_ms: Option<i64>,
+    pub p99_ms: Option<i64>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StartLagView {
+    pub minutes: Vec<LagPointView>,
+    /// The whole window's.
+    pub window: LagPointView,
+}
+
+impl From<crate::queue::LagPoint> for LagPointView {
+    fn from(point: crate::queue::LagPoint) -> LagPointView {
+        LagPointView {
+            minute: Timestamp(point.minute),
+            starts: point.starts,
+            p50_ms: point.p50_ms,
+            p99_ms: point.p99_ms,
+        }
+    }
+}
+
+impl From<crate::queue::StartLagSeries> for StartLagView {
+    fn from(series: crate::queue::StartLagSeries) -> StartLagView {
+        StartLagView {
+            minutes: series.minutes.into_iter().map(Into::into).collect(),
+            window: series.window.into(),
+        }
+    }
+}
+
+/// A failed or timed-out execution, as the overview lists it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RecentError {
+    pub id: Uuid,
+    pub branch_rule_id: Uuid,
+    pub status: ExecutionStatus,
+    pub attempt: i64,
+    pub requested_at: Timestamp,
+    pub finished_at: Option<Timestamp>,
+    pub error: Option<String>,
+}
+
+/// A workflow as the console's Rules page lists it: names, schedule, the
+/// next run in UTC and on the branch's clock, and the verdict `ruled plan`
+/// prints for it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WorkflowSummary {
+    /// The branch rule's id.
+    pub id: Uuid,
+    pub brand_id: Option<Uuid>,
+    pub brand: Option<String>,
+    pub branch_id: Uuid,
+    pub branch: Option<String>,
+    pub rule_id: Uuid,
+    pub rule: Option<String>,
+    /// The IANA zone its schedule runs in.
+    pub zone: String,
+    pub cron_expression: Option<String>,
+    /// `HH:MM-HH:MM` on the branch's clock.
+    pub window: Option<String>,
+    pub is_active: bool,
+    pub is_force_stopped: bool,
+    pub is_running: bool,
+    pub last_run_time: Option<Timestamp>,
+    pub next_run_time: Option<Timestamp>,
+    /// The next run on the branch's clock: `2027-01-15 03:00 EST`.
+    pub next_run_time_local: Option<String>,
+    pub state: RuleState,
+    /// "READY", or "not ready: why", as `ruled plan` says it.
+    pub verdict: String,
+    pub partition: Option<u32>,
+    pub partition_owner: Option<String>,
+}
+
+impl From<RuleSummary> for WorkflowSummary {
+    fn from(row: RuleSummary) -> WorkflowSummary {
+        WorkflowSummary {
+            id: row.id,
+            brand_id: row.brand_id,
+            brand: row.brand,
+            branch_id: row.branch_id,
+            branch: row.branch,
+            rule_id: row.rule_id,
+            rule: row.rule,
+            zone: row.zone,
+            cron_expression: row.cron_expression,
+            window: row.window,
+            is_active: row.is_active,
+            is_force_stopped: row.is_force_stopped,
+            is_running: row.is_running,
+            last_run_time: row.last_run_time.map(Timestamp),
+            next_run_time: row.next_run_time.map(Timestamp),
+            next_run_time_local: row.next_run_local,
+            state: row.state,
+            verdict: row.verdict,
+            partition: row.partition,
+            partition_owner: row.partition_owner,
+        }
+    }
+}
+
+/// A page of workflows, how many matched, and how many of those (before
+/// the state filter) are in each state.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WorkflowPage {
+    pub items: Vec<WorkflowSummary>,
+    pub next_cursor: Option<String>,
+    pub matched: usize,
+    #[schema(value_type = std::collections::BTreeMap<String, usize>)]
+    pub states: std::collections::BTreeMap<RuleState, usize>,
 }
 
 /// The execution plan as the plan actor holds it, with each workflow's

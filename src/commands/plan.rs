@@ -11,8 +11,8 @@ use crate::cluster::PartitionOwners;
 use crate::config::Config;
 use crate::model::Millis;
 use crate::persist::read_plan_file;
-use crate::plan::{ExecutionPlan, Workflow, check_ready, decide_due, job_spec};
-use crate::schedule::{EffectivePolicy, ScheduleCache};
+use crate::plan::{ExecutionPlan, check_ready, local_text, verdict};
+use crate::schedule::EffectivePolicy;
 use crate::store::Store;
 
 /// Where the listed plan came from.
@@ -100,26 +100,16 @@ pub fn plan_lines(
         let rule = plan.rule(&row.rule_id);
         let zone = plan.zone_of(workflow, default_zone).unwrap_or(default_zone);
         let next = match row.next_run_time {
-            Some(ms) => {
-                let utc = millis_to_utc(ms);
-                let local = utc.with_timezone(&zone);
-                format!(
-                    "next {} ({} {})",
-                    utc.format("%Y-%m-%dT%H:%M:%SZ"),
-                    local.format("%Y-%m-%d %H:%M %Z"),
-                    zone.name()
-                )
-            }
+            Some(ms) => format!(
+                "next {} ({} {})",
+                millis_to_utc(ms).format("%Y-%m-%dT%H:%M:%SZ"),
+                local_text(ms, zone),
+                zone.name()
+            ),
             None => "next none".to_string(),
         };
         let owner = owners.map(|owners| owners.of(&row.id));
-        let verdict = match (check_ready(plan, workflow, now, default_zone), owner) {
-            (Err(reason), _) => format!("not ready: {reason}"),
-            (Ok(()), Some((partition, None))) => {
-                format!("not ready: partition {partition} has no live owner")
-            }
-            (Ok(()), _) => ready_verdict(plan, workflow, now, default_zone),
-        };
+        let (_, verdict) = verdict(plan, workflow, now, default_zone, owner);
         let policy = policy_text(&plan.policy_of(workflow));
         let owned_by = match owner {
             Some((partition, Some(holder))) => format!("  partition {partition} on {holder}"),
@@ -134,54 +124,6 @@ pub fn plan_lines(
         ));
     }
     lines
-}
-
-/// READY, and what the misfire policy does with the due occurrences when
-/// more than the plain one is due.
-fn ready_verdict(
-    plan: &ExecutionPlan,
-    workflow: &Workflow,
-    now: Millis,
-    default_zone: Tz,
-) -> String {
-    let mut schedules = ScheduleCache::default();
-    let Some(spec) = job_spec(plan, &workflow.id(), default_zone, &mut schedules) else {
-        return "READY".to_string();
-    };
-    let row = &spec.branch_rule;
-    let (Some(due), Some(cadence)) = (row.next_run_time, spec.cadence()) else {
-        return "READY".to_string();
-    };
-    let decision = decide_due(&cadence, due, row.retry_of, now);
-    if decision.is_plain(due) {
-        return match row.retry_of {
-            Some(occurrence) => format!(
-                "READY: attempt {} of the occurrence at {}",
-                row.failed_attempts + 1,
-                millis_to_utc(occurrence).to_rfc3339()
-            ),
-            None => "READY".to_string(),
-        };
-    }
-    let skipped = match decision.skipped.first() {
-        Some(first) => format!(
-            "{} missed occurrence(s) are recorded skipped ({}: {})",
-            decision.skipped.len(),
-            first.reason,
-            first.detail
-        ),
-        None => "nothing is skipped".to_string(),
-    };
-    match decision.run {
-        Some(run) => format!(
-            "READY: runs the occurrence at {}; {skipped}",
-            millis_to_utc(run).to_rfc3339()
-        ),
-        None => format!(
-            "not ready: misfire {}: {skipped}",
-            cadence.policy.misfire.as_str()
-        ),
-    }
 }
 
 /// The policy's fields that differ from the defaults, or nothing.

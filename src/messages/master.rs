@@ -6,9 +6,9 @@ use uuid::Uuid;
 
 use crate::lifecycle::Claim;
 use crate::memory::ThrottleStatus;
-use crate::model::ExecutionStatus;
+use crate::model::{ExecutionStatus, Millis};
 use crate::plan::JobSpec;
-use crate::queue::QueueStats;
+use crate::queue::{QueueStats, StartLagSeries};
 
 /// Messages of the [`MasterActor`](crate::actors::master::MasterActor).
 #[derive(Debug)]
@@ -42,6 +42,13 @@ pub enum MasterMsg {
         reply: RpcReplyPort<Result<ForceStopOutcome, String>>,
     },
     Stats(RpcReplyPort<QueueStats>),
+    /// A worker started a job `lag_ms` after its scheduled time.
+    JobStarted {
+        at: Millis,
+        lag_ms: Millis,
+    },
+    /// The start lag of the last quarter hour, minute by minute.
+    StartLag(RpcReplyPort<StartLagSeries>),
     /// Graceful stop: dispatch nothing more, cancel queued jobs, let running
     /// jobs finish within `grace`, then cancel them. Replies when no job is
     /// left in flight.

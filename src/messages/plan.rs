@@ -3,10 +3,12 @@ use uuid::Uuid;
 
 use chrono_tz::Tz;
 
-use crate::cluster::Ownership;
+use crate::cluster::{Ownership, PartitionOwners};
 use crate::lifecycle::RetryUpdate;
 use crate::model::{BranchRule, Millis, PlanLoad, RejectedRow};
-use crate::plan::{JobSpec, MergeReport, OutboxEntry, PlanError, PlanSnapshot, PlanStats};
+use crate::plan::{
+    BrowsePage, BrowseQuery, JobSpec, MergeReport, OutboxEntry, PlanError, PlanSnapshot, PlanStats,
+};
 use crate::schedule::CronSchedule;
 
 /// Messages of the [`PlanActor`](crate::actors::plan::PlanActor), the single
@@ -70,12 +72,33 @@ pub enum PlanMsg {
     /// A full copy of the plan, as the plan file holds it.
     Snapshot(RpcReplyPort<PlanSnapshot>),
     Stats(RpcReplyPort<PlanStats>),
+    /// How many workflows are ready at the clock's now (capped at
+    /// MAX_RUNS_PER_TICK, as a fetch takes them) and how many missed their
+    /// window: the two readiness gauges, asked.
+    Readiness(RpcReplyPort<Readiness>),
+    /// A filtered page of the workflows with each one's verdict (the
+    /// console's Rules page). `owners` says who holds each partition.
+    Browse {
+        query: Box<BrowseQuery>,
+        owners: Option<PartitionOwners>,
+        reply: RpcReplyPort<BrowsePage>,
+    },
     /// Hands a snapshot to the writer if the plan changed since the last one.
     /// Sent by the actor to itself so writes are debounced.
     FlushToWriter,
     /// Panics inside the actor: the supervision tests and chaos drills use
     /// it to prove a failed PlanActor is rebuilt.
     InjectPanic(String),
+}
+
+/// The answer to [`PlanMsg::Readiness`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+pub struct Readiness {
+    /// Workflows a fetch would take now.
+    pub ready: usize,
+    /// Due workflows whose window was open since they fell due and is closed
+    /// now: they wait for the next opening.
+    pub missed_window: usize,
 }
 
 /// The answer to [`PlanMsg::ReadyJobs`].

@@ -68,6 +68,20 @@ impl Fixture {
     pub fn plan(&self) -> ExecutionPlan {
         ExecutionPlan::from_data(self.data())
     }
+
+    /// A plan of `count` branch rules of the fixture's branch and rule, all
+    /// due at `next_run_time`.
+    pub fn many(next_run_time: Millis, count: u128) -> ExecutionPlan {
+        let fixture = Fixture::due(next_run_time);
+        let mut data = fixture.data();
+        data.branch_rules = (0..count)
+            .map(|i| {
+                let id = Uuid::from_u128(0xC000 + i);
+                branch_rule(id, fixture.branch.id, fixture.rule.id, next_run_time)
+            })
+            .collect();
+        ExecutionPlan::from_data(data)
+    }
 }
 
 pub fn branch_rule(id: Uuid, branch_id: Uuid, rule_id: Uuid, next_run_time: Millis) -> BranchRule {

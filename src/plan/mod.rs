@@ -6,6 +6,7 @@
 //! ready walks only the entries that are already due, in the deterministic
 //! order the master dispatches them.
 
+mod browse;
 mod decide;
 mod jobs;
 mod merge;
@@ -28,6 +29,9 @@ use crate::model::{
     RejectedRow, Rule,
 };
 
+pub use browse::{
+    BrowseKey, BrowsePage, BrowseQuery, RuleState, RuleSummary, browse, local_text, verdict,
+};
 pub use decide::{
     Cadence, DueDecision, Ending, FinishDecision, MAX_OCCURRENCES_PER_DECISION,
     MISFIRE_THRESHOLD_MS, RunEnd, decide_due, decide_finish, overlap_due,

@@ -2,8 +2,10 @@
 //! tracking and the recently-processed window. Pure: no actors, no I/O.
 
 mod pool;
+mod start_lag;
 
 pub use pool::WorkerPool;
+pub use start_lag::{LagPoint, StartLagHistory, StartLagSeries};
 
 use std::collections::{HashMap, HashSet, VecDeque};
 

@@ -45,7 +45,7 @@ pub use policy::{
     Bounded, DEFAULT_BACKOFF_MAX_SECONDS, DEFAULT_BACKOFF_SECONDS, DEFAULT_CATCHUP_MAX,
     DEFAULT_MAX_ATTEMPTS, EffectivePolicy, Misfire, Overlap, Policy, SkipReason,
 };
-pub use preview::preview;
+pub use preview::{PreviewedRun, preview, preview_runs};
 pub use window::{TimeOfDay, Window, window_contains};
 pub use zone::{local_time_of_day, next_window_open, parse_timezone};
 

@@ -19,13 +19,48 @@ pub fn preview(
     from: DateTime<Utc>,
     count: usize,
 ) -> Result<Vec<DateTime<Utc>>, ScheduleError> {
+    Ok(preview_runs(schedule, tz, window, from, count)?
+        .into_iter()
+        .map(|run| run.at)
+        .collect())
+}
+
+/// One run of [`preview_runs`]: when it happens and the occurrence it
+/// stands for, later when the window deferred it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PreviewedRun {
+    pub at: DateTime<Utc>,
+    pub occurrence: DateTime<Utc>,
+}
+
+impl PreviewedRun {
+    /// The window moved it to its opening.
+    pub fn deferred(&self) -> bool {
+        self.at != self.occurrence
+    }
+
+    /// The zone keeps daylight-saving time at the run.
+    pub fn in_dst(&self, tz: Tz) -> bool {
+        use chrono_tz::OffsetComponents;
+        !self.at.with_timezone(&tz).offset().dst_offset().is_zero()
+    }
+}
+
+/// [`preview`], with each run's occurrence.
+pub fn preview_runs(
+    schedule: &CronSchedule,
+    tz: Tz,
+    window: Option<Window>,
+    from: DateTime<Utc>,
+    count: usize,
+) -> Result<Vec<PreviewedRun>, ScheduleError> {
     let mut runs = Vec::with_capacity(count);
     let mut after = from;
     while runs.len() < count {
         let occurrence = schedule.next_after(tz, after)?;
-        let run = next_window_open(window, tz, occurrence);
-        runs.push(run);
-        after = run;
+        let at = next_window_open(window, tz, occurrence);
+        runs.push(PreviewedRun { at, occurrence });
+        after = at;
     }
     Ok(runs)
 }

@@ -40,6 +40,9 @@ pub struct ExecutionFilter {
     /// Keyset cursor: only rows after this (requested_at, id), i.e. the last
     /// row of the previous page.
     pub after: Option<(Millis, Uuid)>,
+    /// (requested_at, id) descending: a live list shows the latest first,
+    /// and its cursor walks back in time.
+    pub newest_first: bool,
 }
 
 impl Default for ExecutionFilter {
@@ -51,6 +54,7 @@ impl Default for ExecutionFilter {
             to: None,
             limit: 100,
             after: None,
+            newest_first: false,
         }
     }
 }
@@ -140,6 +144,15 @@ const SELECT_EXECUTIONS_FOR: &str = concat!(
     "SELECT ",
     execution_columns!(),
     " FROM executions WHERE branch_rule_id = $1 ORDER BY scheduled_for, attempt"
+);
+
+/// The open executions, oldest first, from the open-executions index.
+const SELECT_OPEN_EXECUTIONS: &str = concat!(
+    "SELECT ",
+    execution_columns!(),
+    " FROM executions WHERE ",
+    open_execution!(),
+    " ORDER BY requested_at, id LIMIT $1"
 );
 
 /// In two halves so each reads its partial index, not the table: the
@@ -302,6 +315,20 @@ impl Store {
         }
     }
 
+    /// Up to `limit` executions not yet finished (requested, scheduled,
+    /// running), oldest first: the few rows a live view watches change.
+    pub async fn open_executions(&self, limit: i64) -> Result<Vec<Execution>, StoreError> {
+        let op = "select open executions";
+        match self {
+            Store::Sqlite(pool) => {
+                fetch_all_on!(pool, op, decode_execution, SELECT_OPEN_EXECUTIONS, limit)
+            }
+            Store::Postgres(pool) => {
+                fetch_all_on!(pool, op, decode_execution, SELECT_OPEN_EXECUTIONS, limit)
+            }
+        }
+    }
+
     /// How many executions are in each status: every status of
     /// [`ExecutionStatus::ALL`], in that order, zeros included, so a metrics
     /// gauge can be set without remembering which statuses it saw before.
@@ -331,7 +358,8 @@ impl Store {
     }
 
     /// One page of executions matching `filter`, ordered by (requested_at,
-    /// id); pass the last row's (requested_at, id) as `after` for the next.
+    /// id), ascending unless `newest_first`; pass the last row's
+    /// (requested_at, id) as `after` for the next.
     pub async fn list_executions(
         &self,
         filter: &ExecutionFilter,
@@ -370,9 +398,11 @@ impl Store {
             let p_at = placeholder(Bind::Int(at), &mut binds);
             let p_id = placeholder(Bind::Text(id_text(id)), &mut binds);
             // Written so both planners can range-scan (requested_at, id).
-            conditions.push(format!(
-                "requested_at >= {p_at} AND (requested_at > {p_at} OR id > {p_id})"
-            ));
+            conditions.push(if filter.newest_first {
+                format!("requested_at <= {p_at} AND (requested_at < {p_at} OR id < {p_id})")
+            } else {
+                format!("requested_at >= {p_at} AND (requested_at > {p_at} OR id > {p_id})")
+            });
         }
         let p_limit = placeholder(Bind::Int(filter.limit.max(0)), &mut binds);
         let mut sql = format!("SELECT {} FROM executions", execution_columns!());
@@ -380,7 +410,12 @@ impl Store {
             sql.push_str(" WHERE ");
             sql.push_str(&conditions.join(" AND "));
         }
-        sql.push_str(&format!(" ORDER BY requested_at, id LIMIT {p_limit}"));
+        let order = if filter.newest_first {
+            "requested_at DESC, id DESC"
+        } else {
+            "requested_at, id"
+        };
+        sql.push_str(&format!(" ORDER BY {order} LIMIT {p_limit}"));
 
         match self {
             Store::Sqlite(pool) => fetch_dynamic!(pool, sql, binds),

@@ -34,6 +34,7 @@
 #![allow(dead_code)]
 
 pub mod api;
+pub mod chromium;
 pub mod cluster;
 pub mod http;
 pub mod process;

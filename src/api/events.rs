@@ -1,0 +1,264 @@
+//! `GET /api/v1/events`: server-sent events for the console and for
+//! anyone who would rather listen than poll.
+//!
+//! - `hello`: once, on connect: the instance and its clock.
+//! - `execution`: an execution appeared or changed status, on any instance
+//!   sharing the database (the stored row, output left out).
+//! - `throttle`: the memory gate of this instance opened or closed (and its
+//!   state on connect).
+//!
+//! Executions are read from the database, not from this process's actors:
+//! several instances share one database, and a console on any of them
+//! must see every run. Each connection watches three cheap reads every
+//! [`POLL_INTERVAL`], all on indexes the engine keeps anyway: the rows
+//! requested since the last look, the open rows, and the rows that were
+//! open at the last look (by id). The write path pays nothing for it.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use serde_json::json;
+use tokio::sync::mpsc;
+use tracing::debug;
+use uuid::Uuid;
+
+use super::ApiState;
+use super::views::Execution;
+use crate::actors::ask;
+use crate::memory::ThrottleStatus;
+use crate::messages::MemoryGuardMsg;
+use crate::model::{Execution as StoredExecution, ExecutionStatus, Millis};
+use crate::store::ExecutionFilter;
+
+/// How often a connection looks: changes show within this, well inside
+/// the console's 2 s promise.
+const POLL_INTERVAL: Duration = Duration::from_millis(500);
+/// How far back "requested since the last look" reaches: covers clocks of
+/// other instances a little behind this one's and rows whose transaction
+/// committed after a later-stamped one.
+const LOOKBACK_MS: Millis = 30_000;
+/// Rows per read; a burst beyond it shows at the next look.
+const READ_LIMIT: i64 = 500;
+/// Events buffered for a slow client before the connection's reads wait.
+const CHANNEL_CAPACITY: usize = 256;
+
+/// The pure half: which rows changed since the last look.
+#[derive(Debug, Default)]
+pub struct ChangeFeed {
+    /// Status and request time of every row seen within the lookback, and
+    /// of every open row.
+    known: HashMap<Uuid, (ExecutionStatus, Millis)>,
+    /// The latest request time seen.
+    watermark: Millis,
+}
+
+impl ChangeFeed {
+    /// Starts knowing `rows` without reporting them: the client loads its
+    /// page itself and wants only what changes after.
+    pub fn primed(rows: &[StoredExecution], now: Millis) -> ChangeFeed {
+        let mut feed = ChangeFeed {
+            known: HashMap::new(),
+            watermark: now,
+        };
+        feed.observe(rows);
+        feed
+    }
+
+    /// Where the next look for new rows starts.
+    pub fn since(&self) -> Millis {
+        self.watermark - LOOKBACK_MS
+    }
+
+    /// The rows known open: a look must read them back by id if they left
+    /// the open set, to see how they ended.
+    pub fn open_ids(&self) -> Vec<Uuid> {
+        self.known
+            .iter()
+            .filter(|(_, (status, _))| !status.is_terminal())
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// The rows among `rows` that are new or changed status, each once.
+    pub fn observe<'a>(&mut self, rows: &'a [StoredExecution]) -> Vec<&'a StoredExecution> {
+        let mut changed = Vec::new();
+        for row in rows {
+            let was = self.known.insert(row.id, (row.status, row.requested_at));
+            if was.map(|(status, _)| status) != Some(row.status) {
+                changed.push(row);
+            }
+            self.watermark = self.watermark.max(row.requested_at);
+        }
+        let horizon = self.since();
+        self.known
+            .retain(|_, (status, requested_at)| !status.is_terminal() || *requested_at >= horizon);
+        changed
+    }
+}
+
+/// An mpsc receiver as the `Stream` the SSE body reads.
+struct EventStream(mpsc::Receiver<Event>);
+
+impl futures_core::Stream for EventStream {
+    type Item = Result<Event, Infallible>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.0.poll_recv(cx).map(|event| event.map(Ok))
+    }
+}
+
+#[utoipa::path(get, path = "/events", tag = "events",
+    responses((status = 200, description = "Server-sent events: `hello`, `execution` (a run appeared or changed status, on any instance), `throttle` (this instance's memory gate)", content_type = "text/event-stream", body = String)))]
+pub async fn events(State(s): State<ApiState>) -> Sse<impl futures_core::Stream<Item = Result<Event, Infallible>>> {
+    let (sender, receiver) = mpsc::channel(CHANNEL_CAPACITY);
+    tokio::spawn(watch(s, sender));
+    Sse::new(EventStream(receiver)).keep_alive(KeepAlive::default())
+}
+
+fn event(name: &str, data: &serde_json::Value) -> Event {
+    Event::default().event(name).data(data.to_string())
+}
+
+/// One connection's loop; ends when the client goes (the send fails).
+async fn watch(s: ApiState, sender: mpsc::Sender<Event>) {
+    let now = s.clock().now_ms();
+    let hello = json!({
+        "instance_id": s.config().instance_id,
+        "now": super::present::rfc3339(now),
+        "poll_interval_ms": POLL_INTERVAL.as_millis() as u64,
+    });
+    if sender.send(event("hello", &hello)).await.is_err() {
+        return;
+    }
+    let mut feed = ChangeFeed::primed(&[], now);
+    let mut primed = false;
+    let mut throttle: Option<ThrottleStatus> = None;
+    let mut ticker = tokio::time::interval(POLL_INTERVAL);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        if sender.is_closed() {
+            return;
+        }
+        if let Some(status) = throttle_status(&s).await
+            && throttle.as_ref() != Some(&status)
+        {
+            let data = json!({"throttled": status.throttled, "reason": status.reason});
+            if sender.send(event("throttle", &data)).await.is_err() {
+                return;
+            }
+            throttle = Some(status);
+        }
+        let rows = match look(&s, &feed).await {
+            Ok(rows) => rows,
+            Err(e) => {
+                // The database is away: the console keeps its last page and
+                // this connection looks again at the next tick.
+                debug!("events: executions not read: {e}");
+                continue;
+            }
+        };
+        if !primed {
+            feed = ChangeFeed::primed(&rows, s.clock().now_ms());
+            primed = true;
+            continue;
+        }
+        for row in feed.observe(&rows) {
+            let data = serde_json::to_value(Execution::shown(row, false)).unwrap_or_default();
+            if sender.send(event("execution", &data)).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+async fn throttle_status(s: &ApiState) -> Option<ThrottleStatus> {
+    let guard = s.directory().memory_guard()?;
+    ask(&guard, MemoryGuardMsg::Status)
+        .await
+        .ok()
+        .map(|status| status.throttle)
+}
+
+/// New rows, open rows, and the rows that were open, as stored now.
+async fn look(s: &ApiState, feed: &ChangeFeed) -> Result<Vec<StoredExecution>, crate::store::StoreError> {
+    let store = s.store();
+    let mut rows = store
+        .list_executions(&ExecutionFilter {
+            from: Some(feed.since()),
+            limit: READ_LIMIT,
+            ..ExecutionFilter::default()
+        })
+        .await?;
+    rows.extend(store.open_executions(READ_LIMIT).await?);
+    let seen: std::collections::HashSet<Uuid> = rows.iter().map(|row| row.id).collect();
+    for id in feed.open_ids() {
+        if !seen.contains(&id)
+            && let Some(row) = store.execution(id).await?
+        {
+            rows.push(row);
+        }
+    }
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(id: u128, status: ExecutionStatus, requested_at: Millis) -> StoredExecution {
+        StoredExecution {
+            id: Uuid::from_u128(id),
+            branch_rule_id: Uuid::from_u128(1),
+            scheduled_for: requested_at,
+            status,
+            attempt: 1,
+            owner: "me".into(),
+            lock_epoch: 1,
+            requested_at,
+            scheduled_at: None,
+            started_at: None,
+            finished_at: None,
+            error: None,
+            output: None,
+            created_at: requested_at,
+            updated_at: requested_at,
+        }
+    }
+
+    #[test]
+    fn reports_each_change_once() {
+        let t = 1_800_000_000_000;
+        let mut feed = ChangeFeed::primed(&[row(1, ExecutionStatus::Running, t)], t);
+        assert!(feed.observe(&[row(1, ExecutionStatus::Running, t)]).is_empty());
+        assert_eq!(feed.open_ids(), vec![Uuid::from_u128(1)]);
+        let ended = [row(1, ExecutionStatus::Completed, t)];
+        assert_eq!(feed.observe(&ended).len(), 1);
+        assert!(feed.observe(&ended).is_empty());
+        assert!(feed.open_ids().is_empty());
+        // A run that started and ended between two looks is still news.
+        let quick = [row(2, ExecutionStatus::Completed, t + 10)];
+        assert_eq!(feed.observe(&quick).len(), 1);
+        assert_eq!(feed.since(), t + 10 - LOOKBACK_MS);
+    }
+
+    #[test]
+    fn forgets_finished_rows_past_the_lookback_but_not_open_ones() {
+        let t = 1_800_000_000_000;
+        let mut feed = ChangeFeed::primed(
+            &[
+                row(1, ExecutionStatus::Completed, t),
+                row(2, ExecutionStatus::Requested, t),
+            ],
+            t,
+        );
+        feed.observe(&[row(3, ExecutionStatus::Requested, t + LOOKBACK_MS + 1)]);
+        assert!(!feed.known.contains_key(&Uuid::from_u128(1)));
+        assert!(feed.known.contains_key(&Uuid::from_u128(2)));
+    }
+}
