@@ -92,12 +92,9 @@ async fn run(url: &str, workers: usize, due: Vec<Millis>) -> Run {
     let mut cursor = None;
     loop {
         let filter = ruled::store::ExecutionFilter {
-            branch_rule_id: None,
-            status: None,
-            from: None,
-            to: None,
             limit: 1_000,
             after: cursor,
+            ..ruled::store::ExecutionFilter::default()
         };
         let page = store.list_executions(&filter).await.unwrap();
         if page.is_empty() {

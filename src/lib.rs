@@ -27,15 +27,15 @@
 //! | module | what it does |
 //! |---|---|
 //! | [`actions`] | the handler trait and built-in action kinds |
-//! | [`api`] | the HTTP API (axum): health, readiness, metrics, `/api/v1` |
+//! | [`api`] | the HTTP API (axum): health, readiness, metrics, `/api/v1`, server-sent events, and the web console at `/` (`console/`, compiled in) |
 //! | [`actors`] | one actor per file; thin shells around the pure modules |
 //! | [`messages`] | one message enum per actor |
 //! | [`supervision`] | root supervisor, restart policy (pure) |
 //! | [`directory`] | `ActorKind` and the `Directory` actors find each other by (leaf) |
 //! | [`cluster`] | several instances: partitions, fair share of leases, takeover and instance-id verdicts (pure) |
-//! | [`plan`] | `ExecutionPlan`, ready filter, smart merge, local next run (pure) |
+//! | [`plan`] | `ExecutionPlan`, ready filter, smart merge, local next run, the browse and verdicts of the console and `ruled plan` (pure) |
 //! | [`memory`] | memory throttling: thresholds and hysteresis (pure), samplers, cgroup limits |
-//! | [`queue`] | the master's job queue: FIFO, dedup, active and recent jobs (pure) |
+//! | [`queue`] | the master's job queue: FIFO, dedup, active and recent jobs, start-lag history (pure) |
 //! | [`schedule`] | cron, time zones, windows, DST, preview (pure) |
 //! | [`lifecycle`] | `Claim`, `ClaimRequest`, `Fence`, `Finish`, execution ids: the lifecycle types (pure) |
 //! | [`store`] | sqlx queries and migrations for SQLite and PostgreSQL |
@@ -43,7 +43,7 @@
 //! | [`recovery`] | crash recovery, takeover of silent instances, the INSTANCE_ID check |
 //! | [`service`] | start-up, graceful shutdown |
 //! | [`commands`] | the `ruled plan`, `preview` and `demo` commands |
-//! | [`config`], [`clock`], [`metrics`], [`model`] | configuration, time, metric names, rows |
+//! | [`config`], [`clock`], [`metrics`], [`model`], [`cursor`] | configuration, time, metric names, rows, page cursors |
 
 pub mod actions;
 pub mod actors;
@@ -52,6 +52,7 @@ pub mod clock;
 pub mod cluster;
 pub mod commands;
 pub mod config;
+pub mod cursor;
 pub mod directory;
 pub mod lifecycle;
 pub mod memory;

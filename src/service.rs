@@ -216,12 +216,14 @@ impl Service {
             registry,
             options.metrics,
         );
-        let http = HttpServer::start(listener, crate::api::router(api)).map_err(|error| {
-            ServiceError::HttpBind {
-                addr: config.http_addr,
-                error,
-            }
-        })?;
+        let streams = api.stream_closer();
+        let http =
+            HttpServer::start(listener, crate::api::router(api), streams).map_err(|error| {
+                ServiceError::HttpBind {
+                    addr: config.http_addr,
+                    error,
+                }
+            })?;
         info!("🚀 ruled {} started", env!("CARGO_PKG_VERSION"));
         Ok(Service {
             http,

@@ -784,6 +784,17 @@ async fn openapi_lists_exactly_the_routes_served() {
                 .replace("{id}", &uuid::Uuid::new_v4().to_string())
                 .replace("{detail_id}", &uuid::Uuid::new_v4().to_string());
             let method: Method = method.to_uppercase().parse().unwrap();
+            if path.ends_with("/events") {
+                // A stream of events never ends: its head is the answer.
+                let response = api
+                    .client
+                    .get(format!("{}{path}", api.base))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(response.status(), StatusCode::OK, "{path}");
+                continue;
+            }
             let reply = api
                 .send(method.clone(), &concrete, Some(b"{}".to_vec()))
                 .await;

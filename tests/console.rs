@@ -133,7 +133,10 @@ impl Server {
         // In the plan (the next refresh) before a page asks for it.
         let deadline = Instant::now() + DEADLINE;
         while self.get(&format!("/plan/workflows?ids={id}")).await["matched"] != 1 {
-            assert!(Instant::now() < deadline, "the new rule never reached the plan");
+            assert!(
+                Instant::now() < deadline,
+                "the new rule never reached the plan"
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         id
@@ -294,7 +297,10 @@ async fn every_page_shows_what_the_api_says_and_every_button_works() {
     let instances = server.get("/instances").await;
     let rows = browser.find_all("tr[data-instance]").await;
     assert_eq!(rows.len(), instances["instances"].as_array().unwrap().len());
-    assert!(browser.find("svg.chart").await.is_some(), "the start-lag chart");
+    assert!(
+        browser.find("svg.chart").await.is_some(),
+        "the start-lag chart"
+    );
     assert_no_console_errors(&browser, "overview").await;
 
     // Rules: each demo rule's local next run and verdict, as `ruled plan`
@@ -307,7 +313,9 @@ async fn every_page_shows_what_the_api_says_and_every_button_works() {
         attempts += 1;
         let before = rule_rows(&browser).await;
         let plan = plan_lines(&server);
-        browser.execute("location.reload(); return 1;", vec![]).await;
+        browser
+            .execute("location.reload(); return 1;", vec![])
+            .await;
         wait_loaded(&browser).await;
         let after = rule_rows(&browser).await;
         assert_eq!(after.len(), 9, "every demo rule on the page");
@@ -385,8 +393,15 @@ async fn every_page_shows_what_the_api_says_and_every_button_works() {
         .as_str()
         .unwrap()
         .to_string();
-    open(&browser, &server, &format!("/executions?branch_rule_id={heartbeat}")).await;
-    browser.execute("window.notReloaded = true; return 1;", vec![]).await;
+    open(
+        &browser,
+        &server,
+        &format!("/executions?branch_rule_id={heartbeat}"),
+    )
+    .await;
+    browser
+        .execute("window.notReloaded = true; return 1;", vec![])
+        .await;
     let known: Vec<String> = browser
         .execute(
             "return [...document.querySelectorAll('tr[data-execution]')].map(r => r.dataset.execution);",
@@ -398,11 +413,15 @@ async fn every_page_shows_what_the_api_says_and_every_button_works() {
         .iter()
         .map(|v| v.as_str().unwrap().to_string())
         .collect();
-    server.post(&format!("/branch-rules/{heartbeat}/run"), json!({})).await;
+    server
+        .post(&format!("/branch-rules/{heartbeat}/run"), json!({}))
+        .await;
     let started = Instant::now();
     let completed = loop {
         let page = server
-            .get(&format!("/executions?branch_rule_id={heartbeat}&order=desc&limit=5"))
+            .get(&format!(
+                "/executions?branch_rule_id={heartbeat}&order=desc&limit=5"
+            ))
             .await;
         let new = page["items"].as_array().unwrap().iter().find(|e| {
             e["status"] == "completed" && !known.contains(&e["id"].as_str().unwrap().to_string())
@@ -422,7 +441,9 @@ async fn every_page_shows_what_the_api_says_and_every_button_works() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(
-        browser.execute("return window.notReloaded === true;", vec![]).await,
+        browser
+            .execute("return window.notReloaded === true;", vec![])
+            .await,
         json!(true),
         "the page was reloaded"
     );
@@ -431,9 +452,15 @@ async fn every_page_shows_what_the_api_says_and_every_button_works() {
     // Rule detail, without a token: the buttons are off and say why.
     let sleeper = server.sleeping_rule("Long pause", 30_000).await;
     open(&browser, &server, &format!("/rules/{sleeper}")).await;
-    let run_now = browser.wait_for("button[data-action='run-now']", DEADLINE).await;
+    let run_now = browser
+        .wait_for("button[data-action='run-now']", DEADLINE)
+        .await;
     assert!(!run_now.is_enabled().await, "run now without a token");
-    let why = browser.wait_for("[data-why='actions']", DEADLINE).await.text().await;
+    let why = browser
+        .wait_for("[data-why='actions']", DEADLINE)
+        .await
+        .text()
+        .await;
     assert!(why.contains("API token"), "{why}");
 
     // A wrong token: the action fails with the 401 shown.
@@ -466,7 +493,10 @@ async fn every_page_shows_what_the_api_says_and_every_button_works() {
     .await;
     let deadline = Instant::now() + DEADLINE;
     while execution_status(&browser, &running).await.as_deref() != Some("cancelled") {
-        assert!(Instant::now() < deadline, "the cancelled run never showed cancelled");
+        assert!(
+            Instant::now() < deadline,
+            "the cancelled run never showed cancelled"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let stored = server.get(&format!("/executions/{running}")).await;
@@ -490,8 +520,43 @@ async fn every_page_shows_what_the_api_says_and_every_button_works() {
         true
     );
 
+    // The Executions page lists what the database holds: the rule's runs,
+    // newest first, each with its status.
+    open(
+        &browser,
+        &server,
+        &format!("/executions?branch_rule_id={sleeper}"),
+    )
+    .await;
+    let shown = browser
+        .execute(
+            "return [...document.querySelectorAll('tr[data-execution]')] \
+               .map(r => [r.dataset.execution, r.dataset.status]);",
+            vec![],
+        )
+        .await;
+    let stored: Vec<Value> = server
+        .get(&format!("/executions?branch_rule_id={sleeper}&order=desc"))
+        .await["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| json!([e["id"], e["status"]]))
+        .collect();
+    assert_eq!(
+        shown,
+        Value::Array(stored),
+        "the Executions page against the database"
+    );
+
     // Nothing overflows sideways, on a phone or a desktop.
-    for fragment in ["/", "/rules", &format!("/rules/{sleeper}"), "/executions", "/plan"] {
+    for fragment in [
+        "/",
+        "/rules",
+        &format!("/rules/{sleeper}"),
+        "/executions",
+        "/plan",
+    ] {
         for (width, height) in [PHONE, DESKTOP] {
             browser.set_window_size(width, height).await;
             open(&browser, &server, fragment).await;
@@ -500,13 +565,19 @@ async fn every_page_shows_what_the_api_says_and_every_button_works() {
     }
     browser.set_window_size(PHONE.0, PHONE.1).await;
     open(&browser, &server, "/rules").await;
-    browser.full_page_screenshot(&shots.join("rules-phone.png")).await;
+    browser
+        .full_page_screenshot(&shots.join("rules-phone.png"))
+        .await;
     // The README's overview and executions, once runs have happened.
     browser.set_window_size(DESKTOP.0, DESKTOP.1).await;
     open(&browser, &server, "/").await;
-    browser.full_page_screenshot(&shots.join("overview.png")).await;
+    browser
+        .full_page_screenshot(&shots.join("overview.png"))
+        .await;
     open(&browser, &server, "/executions").await;
-    browser.full_page_screenshot(&shots.join("executions.png")).await;
+    browser
+        .full_page_screenshot(&shots.join("executions.png"))
+        .await;
     assert_no_console_errors(&browser, "every page at both widths").await;
 }
 
@@ -516,7 +587,10 @@ async fn without_api_token_the_console_is_read_only_and_says_so() {
         return;
     };
     let server = Server::start(None);
-    let rule = server.workflows().await[0]["id"].as_str().unwrap().to_string();
+    let rule = server.workflows().await[0]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     open(&browser, &server, &format!("/rules/{rule}")).await;
     let mode = browser.wait_for("#mode", DEADLINE).await.text().await;
     assert!(mode.contains("Read-only"), "{mode}");
@@ -528,7 +602,11 @@ async fn without_api_token_the_console_is_read_only_and_says_so() {
         let title = button.attribute("title").await.unwrap_or_default();
         assert!(title.contains("API_TOKEN"), "{action}: {title}");
     }
-    let why = browser.wait_for("[data-why='actions']", DEADLINE).await.text().await;
+    let why = browser
+        .wait_for("[data-why='actions']", DEADLINE)
+        .await
+        .text()
+        .await;
     assert!(why.contains("API_TOKEN"), "{why}");
     // A token typed anyway changes nothing: the service refuses changes.
     enter_token(&browser, "anything").await;
@@ -630,9 +708,13 @@ async fn the_event_stream_reports_each_state_of_a_run_from_the_database() {
     assert_eq!(hello[0].1["poll_interval_ms"], 500);
     let throttle = read_events(&mut response, |name, _| name == "throttle").await;
     assert_eq!(throttle.last().unwrap().1["throttled"], false);
-    server.post(&format!("/branch-rules/{rule}/run"), json!({})).await;
+    server
+        .post(&format!("/branch-rules/{rule}/run"), json!({}))
+        .await;
     let events = read_events(&mut response, |name, data| {
-        name == "execution" && data["branch_rule_id"] == rule.as_str() && data["status"] == "completed"
+        name == "execution"
+            && data["branch_rule_id"] == rule.as_str()
+            && data["status"] == "completed"
     })
     .await;
     let statuses: Vec<&str> = events
@@ -683,8 +765,8 @@ async fn bench_console_pages_with_1000_rules_and_10000_executions() {
     let now = chrono::Utc::now().timestamp_millis();
     let year = 365 * 86_400_000;
     let noop = common::rules::step("noop", json!({}));
-    let ids = common::rules::insert_many_rules(&store, 1_000, "0 0 1 1 *", now + year, &noop, None)
-        .await;
+    let ids =
+        common::rules::insert_many_rules(&store, 1_000, "0 0 1 1 *", now + year, &noop, None).await;
     store
         .execute_sql("UPDATE branch_rules SET is_active = TRUE")
         .await
@@ -721,7 +803,10 @@ async fn bench_console_pages_with_1000_rules_and_10000_executions() {
     let server = Server::start_on(install, &["serve"], Some(TOKEN));
     let deadline = Instant::now() + DEADLINE;
     while server.get("/plan/workflows?limit=1").await["matched"] != 1_000 {
-        assert!(Instant::now() < deadline, "the 1,000 rules never reached the plan");
+        assert!(
+            Instant::now() < deadline,
+            "the 1,000 rules never reached the plan"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // Each measure navigates to another page first: a fragment set to
@@ -737,7 +822,11 @@ async fn bench_console_pages_with_1000_rules_and_10000_executions() {
         for _ in 0..5 {
             render_ms(&browser, "/").await;
             first.push(render_ms(&browser, fragment).await);
-            assert_eq!(browser.find_all(rows).await.len(), 50, "{page}: a full page");
+            assert_eq!(
+                browser.find_all(rows).await.len(),
+                50,
+                "{page}: a full page"
+            );
             let before = browser.find(rows).await.unwrap().text().await;
             let started = Instant::now();
             click(&browser, "button[data-action='next-page']").await;
@@ -762,5 +851,8 @@ async fn bench_console_pages_with_1000_rules_and_10000_executions() {
         ));
     }
     assert_no_console_errors(&browser, "bench").await;
-    println!("\nconsole over 1,000 rules and 10,000 executions:\n{}", report.join("\n"));
+    println!(
+        "\nconsole over 1,000 rules and 10,000 executions:\n{}",
+        report.join("\n")
+    );
 }

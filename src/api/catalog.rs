@@ -334,7 +334,7 @@ fn encode_cursor(key: &PageKey) -> String {
         Some(position) => format!("{position}/{}", key.id),
         None => key.id.clone(),
     };
-    text.bytes().map(|b| format!("{b:02x}")).collect()
+    crate::cursor::encode(text.as_bytes())
 }
 
 /// Any even run of hex digits is a place in the key order (the rows after
@@ -342,18 +342,10 @@ fn encode_cursor(key: &PageKey) -> String {
 /// not a key this API made sorts where its bytes put it.
 fn decode_cursor(order: PageOrder, cursor: &str) -> ApiResult<PageKey> {
     let bad = || ApiError::field("cursor", "is not a cursor this API returned");
-    if cursor.is_empty() || !cursor.len().is_multiple_of(2) || cursor.len() > 512 {
+    if cursor.is_empty() || cursor.len() > 512 {
         return Err(bad());
     }
-    let bytes = (0..cursor.len())
-        .step_by(2)
-        .map(|i| {
-            cursor
-                .get(i..i + 2)
-                .and_then(|pair| u8::from_str_radix(pair, 16).ok())
-        })
-        .collect::<Option<Vec<u8>>>()
-        .ok_or_else(bad)?;
+    let bytes = crate::cursor::decode(cursor).ok_or_else(bad)?;
     // NUL cannot be bound as text on PostgreSQL; it sorts first anyway.
     let text: String = String::from_utf8_lossy(&bytes).replace('\0', "");
     match order {

@@ -639,8 +639,11 @@ pub struct WorkflowQuery {
     /// Part of the rule's, branch's or brand's name, any case.
     #[param(max_length = 200)]
     q: Option<String>,
-    /// Only these branch rules: ids separated by commas.
-    #[param(max_length = 37000)]
+    /// Only these branch rules: ids separated by commas (at most 1,000).
+    #[param(
+        max_length = 37000,
+        pattern = "^([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}(,[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})*)?$"
+    )]
     ids: Option<String>,
     /// Items per page.
     #[param(minimum = 1, maximum = 1000, default = 100)]
@@ -662,6 +665,11 @@ pub enum WorkflowSort {
     Name,
     NextRun,
 }
+
+/// Bounds of `GET /plan/workflows`, as its document states them.
+const MAX_WORKFLOW_IDS: usize = 1000;
+const MAX_SEARCH_CHARS: usize = 200;
+const MAX_CURSOR_CHARS: usize = 4000;
 
 /// The plan's workflows with their names, next run in UTC and local time,
 /// and the verdict `ruled plan` gives, filtered and paged in (brand,
@@ -685,12 +693,34 @@ pub async fn plan_workflows(
                 })
                 .collect::<ApiResult<Vec<Uuid>>>()
         })
-        .transpose()?;
+        .transpose()?
+        // `ids=` names none: no filter, like leaving it out.
+        .filter(|ids| !ids.is_empty());
+    if ids.as_ref().is_some_and(|ids| ids.len() > MAX_WORKFLOW_IDS) {
+        return Err(ApiError::field(
+            "ids",
+            format!("names more than {MAX_WORKFLOW_IDS} branch rules"),
+        ));
+    }
+    if q.q
+        .as_ref()
+        .is_some_and(|text| text.chars().count() > MAX_SEARCH_CHARS)
+    {
+        return Err(ApiError::field(
+            "q",
+            format!("is longer than {MAX_SEARCH_CHARS} characters"),
+        ));
+    }
     let after = q
         .cursor
         .as_deref()
         .map(|cursor| {
-            BrowseKey::from_cursor(cursor)
+            let lower_hex = cursor
+                .bytes()
+                .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+            (lower_hex && !cursor.is_empty() && cursor.len() <= MAX_CURSOR_CHARS)
+                .then(|| BrowseKey::from_cursor(cursor))
+                .flatten()
                 .ok_or_else(|| ApiError::field("cursor", "is not a cursor this API returned"))
         })
         .transpose()?;

@@ -114,7 +114,9 @@ impl futures_core::Stream for EventStream {
 
 #[utoipa::path(get, path = "/events", tag = "events",
     responses((status = 200, description = "Server-sent events: `hello`, `execution` (a run appeared or changed status, on any instance), `throttle` (this instance's memory gate)", content_type = "text/event-stream", body = String)))]
-pub async fn events(State(s): State<ApiState>) -> Sse<impl futures_core::Stream<Item = Result<Event, Infallible>>> {
+pub async fn events(
+    State(s): State<ApiState>,
+) -> Sse<impl futures_core::Stream<Item = Result<Event, Infallible>>> {
     let (sender, receiver) = mpsc::channel(CHANNEL_CAPACITY);
     tokio::spawn(watch(s, sender));
     Sse::new(EventStream(receiver)).keep_alive(KeepAlive::default())
@@ -138,10 +140,16 @@ async fn watch(s: ApiState, sender: mpsc::Sender<Event>) {
     let mut feed = ChangeFeed::primed(&[], now);
     let mut primed = false;
     let mut throttle: Option<ThrottleStatus> = None;
+    let mut closing = s.closing();
     let mut ticker = tokio::time::interval(POLL_INTERVAL);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        ticker.tick().await;
+        tokio::select! {
+            _ = ticker.tick() => {}
+            // The server is stopping (or gone): end the stream so the
+            // graceful shutdown need not wait for the client.
+            _ = closing.wait_for(|closing| *closing) => return,
+        }
         if sender.is_closed() {
             return;
         }
@@ -186,7 +194,10 @@ async fn throttle_status(s: &ApiState) -> Option<ThrottleStatus> {
 }
 
 /// New rows, open rows, and the rows that were open, as stored now.
-async fn look(s: &ApiState, feed: &ChangeFeed) -> Result<Vec<StoredExecution>, crate::store::StoreError> {
+async fn look(
+    s: &ApiState,
+    feed: &ChangeFeed,
+) -> Result<Vec<StoredExecution>, crate::store::StoreError> {
     let store = s.store();
     let mut rows = store
         .list_executions(&ExecutionFilter {
@@ -235,7 +246,10 @@ mod tests {
     fn reports_each_change_once() {
         let t = 1_800_000_000_000;
         let mut feed = ChangeFeed::primed(&[row(1, ExecutionStatus::Running, t)], t);
-        assert!(feed.observe(&[row(1, ExecutionStatus::Running, t)]).is_empty());
+        assert!(
+            feed.observe(&[row(1, ExecutionStatus::Running, t)])
+                .is_empty()
+        );
         assert_eq!(feed.open_ids(), vec![Uuid::from_u128(1)]);
         let ended = [row(1, ExecutionStatus::Completed, t)];
         assert_eq!(feed.observe(&ended).len(), 1);

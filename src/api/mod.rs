@@ -29,7 +29,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tracing::{error, info};
 
@@ -52,6 +52,19 @@ struct Inner {
     clock: Clock,
     registry: ActionRegistry,
     metrics: Option<PrometheusHandle>,
+    /// Turns true when the server stops: open event streams end then,
+    /// instead of holding the graceful shutdown for its whole grace.
+    closing: Arc<watch::Sender<bool>>,
+}
+
+/// Ends every open event stream; [`HttpServer::stop`] uses it.
+#[derive(Clone)]
+pub struct StreamCloser(Arc<watch::Sender<bool>>);
+
+impl StreamCloser {
+    pub fn close(&self) {
+        self.0.send_replace(true);
+    }
 }
 
 impl ApiState {
@@ -71,8 +84,19 @@ impl ApiState {
                 clock,
                 registry,
                 metrics,
+                closing: Arc::new(watch::channel(false).0),
             }),
         }
+    }
+
+    /// What the server calls at stop to end the event streams.
+    pub fn stream_closer(&self) -> StreamCloser {
+        StreamCloser(Arc::clone(&self.inner.closing))
+    }
+
+    /// Changes to true when the server stops.
+    pub fn closing(&self) -> watch::Receiver<bool> {
+        self.inner.closing.subscribe()
     }
 
     pub fn store(&self) -> &Store {
@@ -171,6 +195,7 @@ pub struct HttpServer {
     addr: SocketAddr,
     stop: oneshot::Sender<()>,
     task: JoinHandle<()>,
+    streams: StreamCloser,
 }
 
 /// How long in-flight requests get at shutdown before the server is dropped.
@@ -179,7 +204,11 @@ const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 impl HttpServer {
     /// Serves `router` on an already bound listener, so the caller learns
     /// the port (HTTP_ADDR may say port 0) before anything is served.
-    pub fn start(listener: TcpListener, router: Router) -> std::io::Result<HttpServer> {
+    pub fn start(
+        listener: TcpListener,
+        router: Router,
+        streams: StreamCloser,
+    ) -> std::io::Result<HttpServer> {
         let addr = listener.local_addr()?;
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
@@ -194,7 +223,12 @@ impl HttpServer {
             }
         });
         info!("🌐 HTTP API listening on http://{addr}");
-        Ok(HttpServer { addr, stop, task })
+        Ok(HttpServer {
+            addr,
+            stop,
+            task,
+            streams,
+        })
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -203,6 +237,7 @@ impl HttpServer {
 
     /// Stops accepting connections and waits (bounded) for open requests.
     pub async fn stop(self) {
+        self.streams.close();
         let _ = self.stop.send(());
         let mut task = self.task;
         if tokio::time::timeout(STOP_GRACE, &mut task).await.is_err() {

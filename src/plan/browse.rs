@@ -20,7 +20,17 @@ use crate::schedule::ScheduleCache;
 /// Where a workflow stands now, coarser than its verdict: what an operator
 /// filters by.
 #[derive(
-    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, utoipa::ToSchema,
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    utoipa::ToSchema,
 )]
 #[serde(rename_all = "snake_case")]
 pub enum RuleState {
@@ -177,22 +187,42 @@ pub struct BrowseKey {
 }
 
 impl BrowseKey {
-    /// The cursor a client sends back: hex of the key's JSON, so any name
-    /// survives a query string untouched.
+    /// The cursor a client sends back: the key's fields joined by NUL (which
+    /// no name holds) as a [`crate::cursor`].
     pub fn to_cursor(&self) -> String {
-        let json = serde_json::to_vec(self).unwrap_or_default();
-        json.iter().map(|byte| format!("{byte:02x}")).collect()
+        let text = format!(
+            "{:020}\0{}\0{}\0{}\0{}",
+            // Offset so the digits sort like the numbers, negatives too.
+            (self.first as i128 - i64::MIN as i128),
+            self.brand,
+            self.branch,
+            self.rule,
+            self.id
+        );
+        crate::cursor::encode(text.as_bytes())
     }
 
+    /// Any even run of hex digits is a place in the order, as the catalog's
+    /// cursors are: what is not a key this API made sorts where its parts
+    /// put it, so a cursor never fails for what it holds.
     pub fn from_cursor(cursor: &str) -> Option<BrowseKey> {
-        if cursor.len() % 2 != 0 || !cursor.is_ascii() {
-            return None;
-        }
-        let bytes: Option<Vec<u8>> = (0..cursor.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&cursor[i..i + 2], 16).ok())
-            .collect();
-        serde_json::from_slice(&bytes?).ok()
+        let bytes = crate::cursor::decode(cursor)?;
+        let text = String::from_utf8_lossy(&bytes);
+        let mut parts = text.split('\0');
+        let mut next = || parts.next().unwrap_or_default().to_string();
+        let first = next()
+            .parse::<i128>()
+            .map(|offset| {
+                (offset + i64::MIN as i128).clamp(i64::MIN as i128, i64::MAX as i128) as i64
+            })
+            .unwrap_or(i64::MIN);
+        Some(BrowseKey {
+            first,
+            brand: next(),
+            branch: next(),
+            rule: next(),
+            id: Uuid::parse_str(&next()).unwrap_or(Uuid::nil()),
+        })
     }
 }
 
@@ -289,7 +319,14 @@ pub fn browse(
         .take(query.limit)
         .map(|(key, workflow, state, verdict)| {
             last_key = Some(key);
-            summary(plan, workflow, default_zone, owner_of(workflow), state, verdict)
+            summary(
+                plan,
+                workflow,
+                default_zone,
+                owner_of(workflow),
+                state,
+                verdict,
+            )
         })
         .collect();
     BrowsePage {
@@ -522,11 +559,25 @@ mod tests {
         assert_eq!(ordered.items.last().map(|item| item.id), Some(last));
         soonest_first.limit = 2;
         let first_page = browse(&late, NOW, chrono_tz::UTC, None, &soonest_first);
-        soonest_first.after = first_page.next_cursor.as_deref().and_then(BrowseKey::from_cursor);
+        soonest_first.after = first_page
+            .next_cursor
+            .as_deref()
+            .and_then(BrowseKey::from_cursor);
         let second_page = browse(&late, NOW, chrono_tz::UTC, None, &soonest_first);
         assert_eq!(second_page.items.len(), 1);
         assert_eq!(second_page.items[0].id, last);
         assert_eq!(BrowseKey::from_cursor("zz"), None);
         assert_eq!(BrowseKey::from_cursor("abc"), None);
+        // Hex that no page made is still a place in the order.
+        let anywhere = BrowseKey::from_cursor("00").unwrap();
+        assert_eq!(anywhere.first, i64::MIN);
+        let key = BrowseKey {
+            first: -5,
+            brand: "b".into(),
+            branch: "r".into(),
+            rule: "x".into(),
+            id: Uuid::from_u128(7),
+        };
+        assert_eq!(BrowseKey::from_cursor(&key.to_cursor()), Some(key));
     }
 }

@@ -64,3 +64,30 @@ pub fn preview_runs(
     }
     Ok(runs)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(text: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(text).unwrap().to_utc()
+    }
+
+    #[test]
+    fn marks_daylight_time_and_window_deferrals() {
+        let tz = chrono_tz::America::New_York;
+        let daily = CronSchedule::parse("0 3 * * *").unwrap();
+        // Across the spring change (2027-03-14): EST, then EDT.
+        let runs = preview_runs(&daily, tz, None, at("2027-03-12T12:00:00Z"), 3).unwrap();
+        let dst: Vec<bool> = runs.iter().map(|run| run.in_dst(tz)).collect();
+        assert_eq!(dst, [false, true, true]);
+        assert!(runs.iter().all(|run| !run.deferred()));
+
+        // 03:00 lies outside 09:00-17:00: each run waits for the opening.
+        let window: Window = "09:00-17:00".parse().unwrap();
+        let runs = preview_runs(&daily, tz, Some(window), at("2027-03-12T12:00:00Z"), 1).unwrap();
+        assert!(runs[0].deferred());
+        assert_eq!(runs[0].occurrence, at("2027-03-13T08:00:00Z"));
+        assert_eq!(runs[0].at, at("2027-03-13T14:00:00Z"));
+    }
+}

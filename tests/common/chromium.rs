@@ -357,10 +357,7 @@ impl Browser {
     /// errors, failed requests, refused content. chromedriver keeps the
     /// legacy log endpoint for `goog:loggingPrefs`.
     pub async fn console_errors(&self) -> Vec<String> {
-        let entries = self
-            .wire
-            .post("/se/log", json!({"type": "browser"}))
-            .await;
+        let entries = self.wire.post("/se/log", json!({"type": "browser"})).await;
         entries
             .as_array()
             .map(|entries| {
@@ -460,8 +457,12 @@ impl Element {
     }
 
     pub async fn send_keys(&self, text: &str) {
-        self.call(reqwest::Method::POST, "/value", Some(json!({ "text": text })))
-            .await;
+        self.call(
+            reqwest::Method::POST,
+            "/value",
+            Some(json!({ "text": text })),
+        )
+        .await;
     }
 
     pub async fn clear(&self) {
