@@ -11,6 +11,11 @@
 //! `RULED_BENCH_BACKENDS=sqlite` skips PostgreSQL; `RULED_BENCH_WORKERS=10,200`
 //! sets the burst's worker counts.
 //!
+//! `RULED_BENCH_SCENARIO=growth` measures instead how the drain rate holds
+//! as work grows (issue 15): bursts of 1,000, 10,000 and 100,000, and the
+//! 10,000 burst again over `RULED_BENCH_HISTORY` (default 10,000,000) rows
+//! of finished executions already in the table.
+//!
 //! Nothing here asserts a time; the figures go to BENCHMARKS.md.
 
 mod common;
@@ -55,15 +60,36 @@ struct Run {
     /// first plan read, inside `drain`.
     first_start: Millis,
     lags: Vec<Millis>,
+    /// Bytes the plan file and its journal took during the drain (the
+    /// snapshot at shutdown not included).
+    plan_bytes: u64,
 }
 
-/// Starts a service on `url`, seeds `due`, waits until every execution is
+/// Starts a service on `url`, seeds `due` (over `history` finished
+/// executions of the same rules), waits until every execution is
 /// completed, and reads the lags back from the executions table.
-async fn run(url: &str, workers: usize, due: Vec<Millis>) -> Run {
+async fn run(url: &str, workers: usize, due: Vec<Millis>, history: usize) -> Run {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::connect(url).await.unwrap();
     store.migrate().await.unwrap();
-    common::seed(&store, &due, "0 0 1 1 *", "noop").await;
+    let ids = common::seed(&store, &due, "0 0 1 1 *", "noop").await;
+    if history > 0 {
+        let seeding = Instant::now();
+        seed_history(&store, &ids, history).await;
+        eprintln!(
+            "{history} rows of history written in {:.0} s",
+            seeding.elapsed().as_secs_f64()
+        );
+        // Due as the run starts, not as the seeding did: the lag measures
+        // the engine, not the minutes the history took to write.
+        store
+            .execute_sql(&format!(
+                "UPDATE branch_rules SET next_run_time = {}",
+                now_ms() - 1_000
+            ))
+            .await
+            .unwrap();
+    }
     let total = due.len() as i64;
     let started = Instant::now();
     let started_ms = now_ms();
@@ -71,12 +97,7 @@ async fn run(url: &str, workers: usize, due: Vec<Millis>) -> Run {
         .await
         .unwrap();
     loop {
-        let counts = store.count_executions_by_status().await.unwrap();
-        let completed = counts
-            .iter()
-            .find(|(s, _)| *s == ExecutionStatus::Completed)
-            .map_or(0, |(_, n)| *n);
-        if completed >= total {
+        if completed_since(&store, started_ms).await >= total {
             break;
         }
         assert!(
@@ -86,6 +107,12 @@ async fn run(url: &str, workers: usize, due: Vec<Millis>) -> Run {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let drain = started.elapsed();
+    let plan_bytes = match service.directory().writer() {
+        Some(writer) => ruled::actors::ask(&writer, ruled::messages::WriterMsg::Stats)
+            .await
+            .map_or(0, |stats| stats.bytes_written),
+        None => 0,
+    };
     service.shutdown("bench").await.unwrap();
     let mut lags = Vec::with_capacity(due.len());
     let mut first_started_at = Millis::MAX;
@@ -93,6 +120,7 @@ async fn run(url: &str, workers: usize, due: Vec<Millis>) -> Run {
     loop {
         let filter = ruled::store::ExecutionFilter {
             limit: 1_000,
+            from: Some(started_ms),
             after: cursor,
             ..ruled::store::ExecutionFilter::default()
         };
@@ -118,7 +146,87 @@ async fn run(url: &str, workers: usize, due: Vec<Millis>) -> Run {
         drain,
         first_start: first_started_at - started_ms,
         lags,
+        plan_bytes,
     }
+}
+
+/// Executions completed since `since`: a range on the
+/// (status, requested_at, id) index, so a long history costs nothing here.
+async fn completed_since(store: &Store, since: Millis) -> i64 {
+    match store {
+        Store::Sqlite(pool) => sqlx::query_scalar(
+            "SELECT count(*) FROM executions WHERE status = 'completed' AND requested_at >= ?",
+        )
+        .bind(since)
+        .fetch_one(pool)
+        .await
+        .unwrap(),
+        Store::Postgres(pool) => sqlx::query_scalar(
+            "SELECT count(*) FROM executions WHERE status = 'completed' AND requested_at >= $1",
+        )
+        .bind(since)
+        .fetch_one(pool)
+        .await
+        .unwrap(),
+    }
+}
+
+/// `count` completed executions of `rules` (round robin), one every
+/// 250 ms before the last 30 days ended an hour ago, written by the
+/// database itself in one statement per million rows.
+async fn seed_history(store: &Store, rules: &[Uuid], count: usize) {
+    store
+        .execute_sql("CREATE TABLE bench_history_rules (k BIGINT PRIMARY KEY, id TEXT NOT NULL)")
+        .await
+        .unwrap();
+    for (chunk, ids) in rules.chunks(500).enumerate() {
+        let rows: Vec<String> = ids
+            .iter()
+            .enumerate()
+            .map(|(i, id)| format!("({}, '{id}')", chunk * 500 + i))
+            .collect();
+        store
+            .execute_sql(&format!(
+                "INSERT INTO bench_history_rules (k, id) VALUES {}",
+                rows.join(", ")
+            ))
+            .await
+            .unwrap();
+    }
+    let end = now_ms() - 3_600_000;
+    let start = end - count as i64 * 250;
+    let (series, id) = match store {
+        Store::Sqlite(_) => (
+            "WITH RECURSIVE n(i) AS (SELECT {from} UNION ALL SELECT i + 1 FROM n WHERE i < {to} - 1)",
+            "printf('00000000-0000-4000-8000-%012x', i)",
+        ),
+        Store::Postgres(_) => (
+            "WITH n(i) AS (SELECT generate_series({from}::BIGINT, {to}::BIGINT - 1))",
+            "'00000000-0000-4000-8000-' || lpad(to_hex(i), 12, '0')",
+        ),
+    };
+    const STEP: usize = 1_000_000;
+    for from in (0..count).step_by(STEP) {
+        let to = (from + STEP).min(count);
+        let series = series
+            .replace("{from}", &from.to_string())
+            .replace("{to}", &to.to_string());
+        let at = format!("({start} + i * 250)");
+        store
+            .execute_sql(&format!(
+                "{series} INSERT INTO executions (id, branch_rule_id, scheduled_for, status, attempt, \
+                 owner, lock_epoch, requested_at, scheduled_at, started_at, finished_at) \
+                 SELECT {id}, r.id, {at}, 'completed', 1, 'history', 1, {at}, {at} + 2, {at} + 5, {at} + 9 \
+                 FROM n JOIN bench_history_rules r ON r.k = i % {rules}",
+                rules = rules.len()
+            ))
+            .await
+            .unwrap();
+    }
+    store
+        .execute_sql("DROP TABLE bench_history_rules")
+        .await
+        .unwrap();
 }
 
 fn percentile(sorted: &[Millis], p: f64) -> Millis {
@@ -161,6 +269,10 @@ fn main() {
         .build()
         .unwrap();
     runtime.block_on(async {
+        if std::env::var("RULED_BENCH_SCENARIO").is_ok_and(|s| s == "growth") {
+            growth().await;
+            return;
+        }
         println!(
             "| backend | scenario | workers | jobs | drain | first job | jobs/s | lag p50 | lag p99 |"
         );
@@ -169,7 +281,7 @@ fn main() {
             for &workers in &worker_counts() {
                 let url = fresh(&base_url, &format!("burst{workers}")).await;
                 let due = vec![now_ms() - 1_000; BURST];
-                let result = run(&url, workers, due).await;
+                let result = run(&url, workers, due, 0).await;
                 report(label, "burst", workers, &result);
             }
             let url = fresh(&base_url, "spread").await;
@@ -177,10 +289,42 @@ fn main() {
             let due = (0..SPREAD as i64)
                 .map(|i| start + i * SPREAD_STEP_MS)
                 .collect();
-            let result = run(&url, 10, due).await;
+            let result = run(&url, 10, due, 0).await;
             report(label, "spread 10 ms", 10, &result);
         }
     });
+}
+
+/// The drain rate as the burst and the history grow, against the 10,000
+/// burst on an empty table.
+async fn growth() {
+    let history: usize = std::env::var("RULED_BENCH_HISTORY")
+        .ok()
+        .map(|n| n.parse().expect("RULED_BENCH_HISTORY: a number"))
+        .unwrap_or(10_000_000);
+    println!(
+        "| backend | workers | burst | history rows | drain | jobs/s | vs 10,000 | lag p50 | lag p99 | plan file B/job |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (label, base_url, _) in backends().await {
+        for &workers in &worker_counts() {
+            let mut baseline = None;
+            for (burst, rows) in [(10_000, 0), (1_000, 0), (100_000, 0), (10_000, history)] {
+                let url = fresh(&base_url, &format!("growth{workers}_{burst}_{rows}")).await;
+                let result = run(&url, workers, vec![now_ms() - 1_000; burst], rows).await;
+                let rate = result.lags.len() as f64 / result.drain.as_secs_f64();
+                let base = *baseline.get_or_insert(rate);
+                println!(
+                    "| {label} | {workers} | {burst} | {rows} | {:.2} s | {rate:.0} | {:+.0}% | {} ms | {} ms | {:.0} |",
+                    result.drain.as_secs_f64(),
+                    (rate / base - 1.0) * 100.0,
+                    percentile(&result.lags, 0.50),
+                    percentile(&result.lags, 0.99),
+                    result.plan_bytes as f64 / burst as f64,
+                );
+            }
+        }
+    }
 }
 
 /// WORKER_COUNT values of the burst: 10 and 50, or the comma-separated

@@ -48,6 +48,18 @@ pub fn millis_to_utc(ms: Millis) -> DateTime<Utc> {
     Utc.timestamp_millis_opt(ms).single().unwrap_or_default()
 }
 
+/// `#[serde(serialize_with)]` for an optional epoch-millisecond time shown
+/// as RFC 3339, as every API time is.
+pub fn serialize_rfc3339<S: serde::Serializer>(
+    ms: &Option<Millis>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    match ms {
+        Some(ms) => serializer.serialize_str(&millis_to_utc(*ms).to_rfc3339()),
+        None => serializer.serialize_none(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

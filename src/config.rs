@@ -158,6 +158,19 @@ pub struct Config {
     pub worker_cooldown: Duration,
     /// RECENTLY_PROCESSED_SECONDS, default 30.
     pub recently_processed: Duration,
+    /// EXECUTION_RETENTION_DAYS, default 30: finished executions older
+    /// than this are pruned; 0 keeps the history forever.
+    pub execution_retention_days: usize,
+    /// How often the pruner looks for history to prune (not a setting: the
+    /// first look is a minute after start, then one an hour).
+    pub prune_interval: Duration,
+    /// Rows one prune statement deletes at most: short enough that the
+    /// engine's writes never wait long behind it.
+    pub prune_batch: usize,
+    /// BACKLOG_WINDOW_SECONDS, default 60: the master's backlog watch
+    /// samples the ready backlog six times a window, and a lowest point
+    /// that rises from one window to the next is a WARN.
+    pub backlog_window: Duration,
     /// MEMORY_THROTTLE_THRESHOLD, default 90 (%).
     pub memory_throttle_threshold: f64,
     /// MEMORY_RESUME_THRESHOLD, default 80 (%).
@@ -238,6 +251,10 @@ impl Default for Config {
             worker_stagger: Duration::from_secs(1),
             worker_cooldown: Duration::from_secs(10),
             recently_processed: Duration::from_secs(30),
+            backlog_window: Duration::from_secs(60),
+            execution_retention_days: 30,
+            prune_interval: Duration::from_secs(3_600),
+            prune_batch: 1_000,
             memory_throttle_threshold: 90.0,
             memory_resume_threshold: 80.0,
             gpu_throttle_threshold: 85.0,
@@ -355,6 +372,7 @@ impl Config {
         env.boolean("WORKER_SINGLE_JOB_MODE", &mut c.worker_single_job_mode)?;
         env.seconds("WORKER_STAGGER_SECONDS", &mut c.worker_stagger, false)?;
         env.seconds("WORKER_COOLDOWN_SECONDS", &mut c.worker_cooldown, false)?;
+        env.seconds("BACKLOG_WINDOW_SECONDS", &mut c.backlog_window, true)?;
         env.seconds(
             "RECENTLY_PROCESSED_SECONDS",
             &mut c.recently_processed,
@@ -422,6 +440,13 @@ impl Config {
             &mut c.schedule_execution_timeout,
             true,
         )?;
+        env.number("EXECUTION_RETENTION_DAYS", &mut c.execution_retention_days)?;
+        if c.execution_retention_days > 36_500 {
+            return Err(env.error(
+                "EXECUTION_RETENTION_DAYS",
+                "at most 36500 (100 years); 0 keeps the history forever",
+            ));
+        }
         env.number("MAX_RUNS_PER_TICK", &mut c.max_runs_per_tick)?;
         if c.max_runs_per_tick == 0 {
             return Err(env.error("MAX_RUNS_PER_TICK", "must be at least 1"));
@@ -664,6 +689,8 @@ mod tests {
         assert!(c.worker_count >= 10);
         assert!(c.worker_single_job_mode);
         assert_eq!(c.worker_cooldown, Duration::from_secs(10));
+        assert_eq!(c.backlog_window, Duration::from_secs(60));
+        assert_eq!(c.execution_retention_days, 30);
         assert_eq!(c.recently_processed, Duration::from_secs(30));
         assert_eq!(c.memory_throttle_threshold, 90.0);
         assert_eq!(c.memory_resume_threshold, 80.0);
@@ -698,6 +725,9 @@ mod tests {
             ("LOG_FORMAT", "xml"),
             ("MEMORY_THROTTLE_THRESHOLD", "120"),
             ("MAX_RUNS_PER_TICK", "0"),
+            ("BACKLOG_WINDOW_SECONDS", "0"),
+            ("EXECUTION_RETENTION_DAYS", "-1"),
+            ("EXECUTION_RETENTION_DAYS", "36501"),
         ];
         for (variable, value) in cases {
             let err = config(&[(variable, value)]).unwrap_err();

@@ -15,7 +15,7 @@ use tokio::sync::watch;
 
 use crate::messages::refresher::RefresherStats;
 use crate::messages::{
-    LeaseMsg, MasterMsg, MemoryGuardMsg, PlanMsg, RefresherMsg, SupervisorMsg, WriterMsg,
+    LeaseMsg, MasterMsg, MemoryGuardMsg, PlanMsg, PrunerMsg, RefresherMsg, SupervisorMsg, WriterMsg,
 };
 
 /// The long-lived actors under the root supervisor.
@@ -28,6 +28,7 @@ pub enum ActorKind {
     Lease,
     MemoryGuard,
     Master,
+    Pruner,
 }
 
 impl ActorKind {
@@ -35,14 +36,16 @@ impl ActorKind {
     /// the plan before the refresher (the refresher merges into it) and the
     /// lease keeper (which tells it what this instance owns), the memory
     /// guard before the master (which asks it whether to hold work back),
-    /// and the master last: it dispatches from the plan.
-    pub const START_ORDER: [ActorKind; 6] = [
+    /// and the master: it dispatches from the plan. The pruner, which
+    /// needs only the database, comes after: history can wait.
+    pub const START_ORDER: [ActorKind; 7] = [
         ActorKind::Writer,
         ActorKind::Plan,
         ActorKind::Refresher,
         ActorKind::Lease,
         ActorKind::MemoryGuard,
         ActorKind::Master,
+        ActorKind::Pruner,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -53,6 +56,7 @@ impl ActorKind {
             ActorKind::Lease => "lease",
             ActorKind::MemoryGuard => "memory_guard",
             ActorKind::Master => "master",
+            ActorKind::Pruner => "pruner",
         }
     }
 }
@@ -146,6 +150,10 @@ impl Directory {
         self.find(ActorKind::Refresher)
     }
 
+    pub fn pruner(&self) -> Option<ActorRef<PrunerMsg>> {
+        self.find(ActorKind::Pruner)
+    }
+
     pub fn lease(&self) -> Option<ActorRef<LeaseMsg>> {
         self.find(ActorKind::Lease)
     }
@@ -186,6 +194,9 @@ impl Directory {
             ActorKind::Master => self
                 .master()
                 .is_some_and(|a| a.cast(MasterMsg::InjectPanic(reason)).is_ok()),
+            ActorKind::Pruner => self
+                .pruner()
+                .is_some_and(|a| a.cast(PrunerMsg::InjectPanic(reason)).is_ok()),
         }
     }
 }

@@ -14,8 +14,9 @@
 //!  ├─ RefresherActor             actors/refresher.rs     SQL → plan (smart merge), outbox
 //!  ├─ LeaseActor                 actors/lease.rs         heartbeat, partition leases, takeover, cancel requests
 //!  ├─ MemoryGuardActor           actors/memory_guard.rs  RAM / swap / GPU → throttle, pushed to the master
-//!  └─ MasterActor                actors/master.rs        ready set → claim → queue → dispatch
-//!      └─ WorkerActor × N        actors/worker.rs        one job, then a fresh actor (single-job mode)
+//!  ├─ MasterActor                actors/master.rs        ready set → claim → queue → dispatch
+//!  │   └─ WorkerActor × N        actors/worker.rs        one job, then a fresh actor (single-job mode)
+//!  └─ PrunerActor                actors/pruner.rs        deletes finished history past EXECUTION_RETENTION_DAYS
 //! ```
 //!
 //! Actors share no mutable state: they talk through the typed messages in

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use ruled::clock::Clock;
-use ruled::commands::{demo, plan, preview, simulate};
+use ruled::commands::{demo, plan, preview, prune, simulate};
 use ruled::config::{Config, LogFormat};
 use ruled::store::Store;
 
@@ -55,6 +55,13 @@ enum Command {
         /// show what runs under it and which occurrences it skips.
         #[arg(long)]
         policy: Option<String>,
+    },
+    /// Delete finished executions older than EXECUTION_RETENTION_DAYS, as
+    /// the service does every hour.
+    Prune {
+        /// Only say what would be deleted.
+        #[arg(long)]
+        dry_run: bool,
     },
     /// Run the scheduling decisions on a logical clock, with no wall clock
     /// and no sleeping, and print each tick's decisions.
@@ -165,6 +172,15 @@ async fn run(command: Command, config: Config) -> anyhow::Result<()> {
             for line in plan::plan_lines(&loaded, now, config.default_timezone, owners.as_ref()) {
                 println!("{line}");
             }
+        }
+        Command::Prune { dry_run } => {
+            let store = connect(&config).await?;
+            let now = Clock::system().now_ms();
+            let outcome = prune::prune(&store, &config, now, dry_run).await?;
+            for line in prune::prune_lines(&outcome, &config) {
+                println!("{line}");
+            }
+            store.close().await;
         }
         Command::Preview {
             cron,

@@ -61,8 +61,21 @@ pub const PLAN_ROWS_REJECTED_TOTAL: &str = "ruled_plan_rows_rejected_total";
 pub const OCCURRENCES_SKIPPED_TOTAL: &str = "ruled_occurrences_skipped_total";
 pub const RETRIES_TOTAL: &str = "ruled_retries_total";
 
+// Capacity (DESIGN §5, scale names, and the backlog watch beside it).
+pub const CAPACITY_JOBS_PER_SECOND: &str = "ruled_capacity_jobs_per_second";
+pub const PLAN_WRITE_BYTES_TOTAL: &str = "ruled_plan_write_bytes_total";
+pub const EXECUTIONS_PRUNED_TOTAL: &str = "ruled_executions_pruned_total";
+pub const EXECUTIONS_OLDEST_KEPT_TIMESTAMP_SECONDS: &str =
+    "ruled_executions_oldest_kept_timestamp_seconds";
+pub const READY_BACKLOG_GROWING: &str = "ruled_ready_backlog_growing";
+
 /// Every name above, for tests and docs.
 pub const ALL: &[&str] = &[
+    CAPACITY_JOBS_PER_SECOND,
+    PLAN_WRITE_BYTES_TOTAL,
+    EXECUTIONS_PRUNED_TOTAL,
+    EXECUTIONS_OLDEST_KEPT_TIMESTAMP_SECONDS,
+    READY_BACKLOG_GROWING,
     PLAN_ROWS_REJECTED_TOTAL,
     OCCURRENCES_SKIPPED_TOTAL,
     RETRIES_TOTAL,
@@ -109,6 +122,7 @@ pub const DB_ERROR_OPS: &[&str] = &[
     "mark_running",
     "mark_scheduled",
     "outbox",
+    "prune",
     "recover_owner",
     "refresh",
     "renew_lock",
@@ -145,6 +159,28 @@ pub const MERGE_CHANGE_KINDS: &[&str] = &["added", "updated", "removed", "preser
 
 /// Describes every metric to the installed recorder.
 pub fn describe_all() {
+    describe_counter!(
+        EXECUTIONS_PRUNED_TOTAL,
+        "Finished executions deleted because they were older than EXECUTION_RETENTION_DAYS."
+    );
+    describe_gauge!(
+        EXECUTIONS_OLDEST_KEPT_TIMESTAMP_SECONDS,
+        Unit::Seconds,
+        "When the oldest execution kept was requested (Unix time), after the last prune."
+    );
+    describe_counter!(
+        PLAN_WRITE_BYTES_TOTAL,
+        Unit::Bytes,
+        "Bytes written to the plan file, by kind (snapshot: the whole plan; journal: the changes since)."
+    );
+    describe_gauge!(
+        CAPACITY_JOBS_PER_SECOND,
+        "Jobs per second the workers sustain with every slot busy: WORKER_COUNT / (mean job length + the cooldown in single-job mode)."
+    );
+    describe_gauge!(
+        READY_BACKLOG_GROWING,
+        "1 while the ready backlog outgrows the workers (its lowest point rose from one minute to the next), 0 once they catch up."
+    );
     describe_gauge!(
         PLAN_WORKFLOWS,
         "Workflows in the execution plan, by state (active, held, inactive, running, removed)."
@@ -293,6 +329,9 @@ pub fn register_known_series() {
     for result in ["ok", "error", "dropped"] {
         counter!(PLAN_WRITE_TOTAL, "result" => result).increment(0);
     }
+    for kind in ["snapshot", "journal"] {
+        counter!(PLAN_WRITE_BYTES_TOTAL, "kind" => kind).increment(0);
+    }
     for status in ExecutionStatus::ALL.into_iter().filter(|s| s.is_terminal()) {
         counter!(JOBS_TOTAL, "outcome" => status.as_str()).increment(0);
     }
@@ -321,9 +360,11 @@ pub fn register_known_series() {
     gauge!(QUEUE_SIZE).set(0.0);
     gauge!(ACTIVE_JOBS).set(0.0);
     gauge!(MEMORY_THROTTLE_ACTIVE).set(0.0);
+    gauge!(READY_BACKLOG_GROWING).set(0.0);
     gauge!(PARTITION_LEASES_HELD).set(0.0);
     counter!(FAILOVERS_TOTAL).increment(0);
     counter!(RETRIES_TOTAL).increment(0);
+    counter!(EXECUTIONS_PRUNED_TOTAL).increment(0);
     for reason in crate::schedule::SkipReason::ALL {
         counter!(OCCURRENCES_SKIPPED_TOTAL, "reason" => reason.as_str()).increment(0);
     }
@@ -537,7 +578,8 @@ mod tests {
         // The gauges their owners set as they start, set here instead.
         let rendered = rendered_at_start(|| {
             for name in ALL {
-                if !name.ends_with("_total") && !name.ends_with("_seconds") {
+                let histogram = name.ends_with("_seconds") && !name.ends_with("_timestamp_seconds");
+                if !name.ends_with("_total") && !histogram {
                     metrics::gauge!(*name).set(1.0);
                 }
             }

@@ -11,8 +11,10 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use tracing::warn;
+
 use crate::model::Millis;
-use crate::plan::PlanSnapshot;
+use crate::plan::{PlanDelta, PlanSnapshot, parse_journal};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PersistError {
@@ -65,33 +67,94 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), PersistError> {
     result.map_err(fail)
 }
 
-/// Writes the plan snapshot to `path` atomically.
+/// The plan file's journal: the changes since its snapshot, one JSON line
+/// per write, beside it as `<PLAN_FILE>.journal`.
+pub fn journal_path(plan_path: &Path) -> PathBuf {
+    let mut name = plan_path.as_os_str().to_owned();
+    name.push(".journal");
+    PathBuf::from(name)
+}
+
+/// Writes the plan snapshot to `path` atomically, then empties the journal
+/// beside it: the snapshot holds all the journal held. A crash between the
+/// two leaves journal lines the snapshot already holds, which a read skips
+/// by their sequence numbers. Returns the bytes written.
 pub fn write_plan_file(path: &Path, snapshot: &PlanSnapshot) -> Result<usize, PersistError> {
     let bytes = snapshot.to_json();
     write_atomic(path, &bytes)?;
+    let journal = journal_path(path);
+    if journal.exists() {
+        write_atomic(&journal, b"")?;
+    }
     Ok(bytes.len())
 }
 
-/// Reads the plan file. `Ok(None)` when there is none; a corrupt file is an
-/// error the caller logs and ignores (the database rebuilds the plan).
-pub fn read_plan_file(path: &Path) -> Result<Option<PlanSnapshot>, PersistError> {
-    let bytes = match fs::read(path) {
-        Ok(bytes) => bytes,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(source) => {
-            return Err(PersistError::Read {
-                path: path.to_path_buf(),
-                source,
-            });
-        }
+/// Appends `delta` to the journal beside the plan file at `path` and
+/// syncs it. Returns the bytes written.
+pub fn append_plan_delta(path: &Path, delta: &PlanDelta) -> Result<usize, PersistError> {
+    let journal = journal_path(path);
+    let fail = |source| PersistError::Write {
+        path: journal.clone(),
+        source,
     };
-    PlanSnapshot::from_json(&bytes)
-        .map(Some)
-        .map_err(|source| PersistError::Corrupt {
+    let line = delta.to_json_line();
+    let created = !journal.exists();
+    let mut file = OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .open(&journal)
+        .map_err(fail)?;
+    file.write_all(&line).map_err(fail)?;
+    file.sync_data().map_err(fail)?;
+    if created {
+        // A new file's directory entry is only durable once synced.
+        if let Some(directory) = journal.parent().filter(|p| !p.as_os_str().is_empty()) {
+            File::open(directory)
+                .and_then(|d| d.sync_all())
+                .map_err(fail)?;
+        }
+    }
+    Ok(line.len())
+}
+
+/// Reads the plan file and replays its journal. `Ok(None)` when there is
+/// no plan file; a corrupt snapshot is an error the caller logs and
+/// ignores (the database rebuilds the plan). A journal line cut short by a
+/// crash mid-append is dropped with a warning: the write it held never
+/// completed, so nothing had relied on it.
+pub fn read_plan_file(path: &Path) -> Result<Option<PlanSnapshot>, PersistError> {
+    let Some(bytes) = read_if_present(path)? else {
+        return Ok(None);
+    };
+    let mut snapshot = PlanSnapshot::from_json(&bytes).map_err(|source| PersistError::Corrupt {
+        path: path.to_path_buf(),
+        what: "plan file",
+        source,
+    })?;
+    let journal = journal_path(path);
+    if let Some(bytes) = read_if_present(&journal)? {
+        let read = parse_journal(&bytes);
+        if read.torn {
+            warn!(
+                "⚠️ The plan journal {} ends in a partial write (a crash mid-append); it is ignored",
+                journal.display()
+            );
+        }
+        snapshot.apply(read.deltas);
+    }
+    Ok(Some(snapshot))
+}
+
+fn read_if_present(path: &Path) -> Result<Option<Vec<u8>>, PersistError> {
+    match fs::read(path) {
+        Ok(bytes) => Ok(Some(bytes)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(PersistError::Read {
             path: path.to_path_buf(),
-            what: "plan file",
             source,
-        })
+        }),
+    }
 }
 
 /// Seed 000's marker: written when a graceful shutdown begins. Finding it at

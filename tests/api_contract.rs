@@ -10,7 +10,7 @@ mod common;
 use std::time::Duration;
 
 use common::TestDb;
-use common::api::{Api, Reply, client};
+use common::api::{Api, Reply};
 use common::process::{Install, signal, wait_exit};
 use common::service::{RunningService, start_service_with};
 use reqwest::{Method, StatusCode};
@@ -570,21 +570,15 @@ fn has_32_hex(line: &str) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pretty_logs_name_the_actor_and_the_audit_line_names_the_caller() {
     let install = Install::new();
-    let mut child = install
-        .command(&["serve", "--demo"])
-        .env("API_TOKENS", format!("alice:{ALICE}"))
-        .env("MASTER_GRACE_PERIOD_SECONDS", "0")
-        .env("WORKER_STAGGER_SECONDS", "0")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(install.path("serve.log")).unwrap())
-        .spawn()
-        .unwrap();
-    let port = install.listening_addr("serve.log").port();
-    let api = Api {
-        base: format!("http://127.0.0.1:{port}"),
-        client: client(),
-        token: Some(ALICE.into()),
-    };
+    let mut child = install.spawn_logged(
+        install
+            .command(&["serve", "--demo"])
+            .env("API_TOKENS", format!("alice:{ALICE}"))
+            .env("MASTER_GRACE_PERIOD_SECONDS", "0")
+            .env("WORKER_STAGGER_SECONDS", "0"),
+        "serve.log",
+    );
+    let api = Api::at(install.listening_addr("serve.log"), Some(ALICE));
     let reply = api
         .post("/api/v1/brands", &json!({ "name": "logged" }))
         .await;

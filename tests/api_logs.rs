@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::api::{Api, client};
+use common::api::Api;
 use common::process::{Install, signal, wait_exit};
 use serde_json::{Value, json};
 
@@ -14,22 +14,16 @@ const SECRET: &str = "Bearer do-not-log-me";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn job_log_lines_are_json_with_both_ids() {
     let install = Install::new();
-    let mut child = install
-        .command(&["serve"])
-        .env("LOG_FORMAT", "json")
-        .env("API_TOKEN", TOKEN)
-        .env("MASTER_GRACE_PERIOD_SECONDS", "0")
-        .env("WORKER_STAGGER_SECONDS", "0")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(install.path("serve.log")).unwrap())
-        .spawn()
-        .unwrap();
-    let port = install.listening_addr("serve.log").port();
-    let api = Api {
-        base: format!("http://127.0.0.1:{port}"),
-        client: client(),
-        token: Some(TOKEN.into()),
-    };
+    let mut child = install.spawn_logged(
+        install
+            .command(&["serve"])
+            .env("LOG_FORMAT", "json")
+            .env("API_TOKEN", TOKEN)
+            .env("MASTER_GRACE_PERIOD_SECONDS", "0")
+            .env("WORKER_STAGGER_SECONDS", "0"),
+        "serve.log",
+    );
+    let api = Api::at(install.listening_addr("serve.log"), Some(TOKEN));
     let post = |path: &'static str, body: Value| {
         let api = &api;
         async move {

@@ -12,7 +12,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::{Child, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use common::api::client;
@@ -48,14 +48,11 @@ impl Server {
 
     fn start_on(install: Install, args: &[&str], token: Option<&'static str>) -> Server {
         let mut command = install.command(args);
-        command
-            .env("WORKER_STAGGER_SECONDS", "0")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(install.path("serve.log")).unwrap());
+        command.env("WORKER_STAGGER_SECONDS", "0");
         if let Some(token) = token {
             command.env("API_TOKEN", token);
         }
-        let child = command.spawn().unwrap();
+        let child = install.spawn_logged(&mut command, "serve.log");
         let addr = install.listening_addr("serve.log");
         Server {
             child,
@@ -260,6 +257,39 @@ async fn act(browser: &Browser, action: &str) -> String {
     notice.as_str().unwrap_or_default().to_string()
 }
 
+/// Whether the `data-action` button is enabled, and its title, read in
+/// one step (live updates replace buttons between WebDriver calls).
+async fn button(browser: &Browser, action: &str) -> (bool, String) {
+    let state = browser
+        .wait_until(
+            &format!("the {action} button"),
+            DEADLINE,
+            &format!(
+                "const b = document.querySelector(\"button[data-action='{action}']\"); \
+                 return b ? [!b.disabled, b.title] : null;"
+            ),
+        )
+        .await;
+    (
+        state[0].as_bool().unwrap(),
+        state[1].as_str().unwrap_or_default().to_string(),
+    )
+}
+
+/// The text of the first `selector`, once there is one.
+async fn text_of(browser: &Browser, selector: &str) -> String {
+    browser
+        .wait_until(
+            selector,
+            DEADLINE,
+            &format!("const e = document.querySelector({selector:?}); return e && e.textContent;"),
+        )
+        .await
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
 async fn execution_status(browser: &Browser, execution: &str) -> Option<String> {
     browser
         .execute(
@@ -452,15 +482,9 @@ async fn every_page_shows_what_the_api_says_and_every_button_works() {
     // Rule detail, without a token: the buttons are off and say why.
     let sleeper = server.sleeping_rule("Long pause", 30_000).await;
     open(&browser, &server, &format!("/rules/{sleeper}")).await;
-    let run_now = browser
-        .wait_for("button[data-action='run-now']", DEADLINE)
-        .await;
-    assert!(!run_now.is_enabled().await, "run now without a token");
-    let why = browser
-        .wait_for("[data-why='actions']", DEADLINE)
-        .await
-        .text()
-        .await;
+    let (run_now_enabled, _) = button(&browser, "run-now").await;
+    assert!(!run_now_enabled, "run now without a token");
+    let why = text_of(&browser, "[data-why='actions']").await;
     assert!(why.contains("API token"), "{why}");
 
     // A wrong token: the action fails with the 401 shown.
@@ -592,29 +616,20 @@ async fn without_api_token_the_console_is_read_only_and_says_so() {
         .unwrap()
         .to_string();
     open(&browser, &server, &format!("/rules/{rule}")).await;
-    let mode = browser.wait_for("#mode", DEADLINE).await.text().await;
+    let mode = text_of(&browser, "#mode").await;
     assert!(mode.contains("Read-only"), "{mode}");
     for action in ["run-now", "deactivate", "force-stop"] {
-        let button = browser
-            .wait_for(&format!("button[data-action='{action}']"), DEADLINE)
-            .await;
-        assert!(!button.is_enabled().await, "{action} is enabled read-only");
-        let title = button.attribute("title").await.unwrap_or_default();
+        let (enabled, title) = button(&browser, action).await;
+        assert!(!enabled, "{action} is enabled read-only");
         assert!(title.contains("API_TOKEN"), "{action}: {title}");
     }
-    let why = browser
-        .wait_for("[data-why='actions']", DEADLINE)
-        .await
-        .text()
-        .await;
+    let why = text_of(&browser, "[data-why='actions']").await;
     assert!(why.contains("API_TOKEN"), "{why}");
     // A token typed anyway changes nothing: the service refuses changes.
     enter_token(&browser, "anything").await;
     wait_loaded(&browser).await;
-    let button = browser
-        .wait_for("button[data-action='run-now']", DEADLINE)
-        .await;
-    assert!(!button.is_enabled().await);
+    let (enabled, _) = button(&browser, "run-now").await;
+    assert!(!enabled, "run now is enabled after a token, read-only");
     assert_no_console_errors(&browser, "read-only rule detail").await;
 }
 

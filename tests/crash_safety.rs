@@ -1,7 +1,8 @@
 //! The plan file survives SIGKILL at any moment: a child process writes the
-//! plan in a loop through the real writer path and is killed 200 times, half
-//! at random moments and half aimed at a write in progress; every time, the
-//! file on disk parses as one whole plan.
+//! plan in a loop through the real write path (a snapshot, then journal
+//! appends of changes) and is killed 200 times, half at random moments and
+//! half aimed at a snapshot write in progress; every time, the snapshot
+//! and its journal read back as one whole plan, never older than before.
 //!
 //! The child is this same test binary, re-run with only the ignored
 //! `child_writes_plans_forever` test selected.
@@ -11,11 +12,16 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ruled::model::{BranchRule, Millis};
-use ruled::persist::{read_plan_file, write_plan_file};
-use ruled::plan::{PlanSnapshot, Workflow};
+use ruled::persist::{append_plan_delta, read_plan_file, write_plan_file};
+use ruled::plan::{PlanDelta, PlanSnapshot, Workflow};
 use uuid::Uuid;
 
 const KILLS: usize = 200;
+/// Journal writes after each snapshot.
+const APPENDS: u64 = 20;
+/// Write `g`'s snapshot has sequence number `g * SEQ_PER_GENERATION`, its
+/// appends the numbers after it.
+const SEQ_PER_GENERATION: u64 = 100;
 const CHILD_ENV: &str = "RULED_CRASH_SAFETY_PLAN_FILE";
 
 /// Generation `g` of the plan: large enough (about 1 MB) that a kill often
@@ -50,9 +56,40 @@ fn plan_generation(generation: i64) -> PlanSnapshot {
         .collect();
     PlanSnapshot {
         saved_at: generation as Millis,
+        journal_seq: generation as u64 * SEQ_PER_GENERATION,
         workflows,
         ..PlanSnapshot::default()
     }
+}
+
+/// The `k`th change after generation `g`'s snapshot: workflow `k` moves.
+fn moved(generation: i64, k: u64, workflow: &Workflow) -> Workflow {
+    let mut workflow = workflow.clone();
+    workflow.branch_rule.next_run_time = Some(-(generation * 1_000 + k as i64));
+    workflow
+}
+
+fn generation_delta(generation: i64, base: &PlanSnapshot, k: u64) -> PlanDelta {
+    let workflow = moved(generation, k, &base.workflows[k as usize - 1]);
+    PlanDelta {
+        seq: base.journal_seq + k,
+        saved_at: generation as Millis,
+        workflows: [(workflow.id(), Some(workflow))].into(),
+        outbox: None,
+    }
+}
+
+/// What write `seq` leaves on disk: its generation with the first `k`
+/// changes made.
+fn expected_at(seq: u64) -> PlanSnapshot {
+    let generation = (seq / SEQ_PER_GENERATION) as i64;
+    let k = seq % SEQ_PER_GENERATION;
+    let mut plan = plan_generation(generation);
+    for i in 1..=k {
+        plan.workflows[i as usize - 1] = moved(generation, i, &plan.workflows[i as usize - 1]);
+    }
+    plan.journal_seq = seq;
+    plan
 }
 
 #[test]
@@ -62,10 +99,14 @@ fn child_writes_plans_forever() {
     let mut generation = read_plan_file(&path)
         .ok()
         .flatten()
-        .map_or(0, |s| s.saved_at)
+        .map_or(0, |s| (s.journal_seq / SEQ_PER_GENERATION) as i64)
         + 1;
     loop {
-        write_plan_file(&path, &plan_generation(generation)).unwrap();
+        let snapshot = plan_generation(generation);
+        write_plan_file(&path, &snapshot).unwrap();
+        for k in 1..=APPENDS {
+            append_plan_delta(&path, &generation_delta(generation, &snapshot, k)).unwrap();
+        }
         generation += 1;
     }
 }
@@ -109,7 +150,7 @@ fn plan_file_survives_sigkill() {
         | 1;
     println!("random seed {seed}");
     let mut random = Random(seed);
-    let mut last_generation = 0;
+    let mut last_seq = 0;
     // A temp file left after the kill means the kill interrupted a write.
     let temp = dir.path().join(".execution_plan.json.tmp");
     let mut interrupted_writes = 0;
@@ -121,8 +162,8 @@ fn plan_file_survives_sigkill() {
         while read_plan_file(&path)
             .ok()
             .flatten()
-            .map_or(0, |s| s.saved_at)
-            <= last_generation
+            .map_or(0, |s| s.journal_seq)
+            <= last_seq
         {
             assert!(
                 Instant::now() < deadline,
@@ -153,24 +194,20 @@ fn plan_file_survives_sigkill() {
         let snapshot = read_plan_file(&path)
             .unwrap_or_else(|e| panic!("kill {kill}: the plan file does not parse: {e}"))
             .expect("the plan file exists");
-        let generation = snapshot.saved_at;
-        assert!(
-            generation > last_generation,
-            "kill {kill}: the file went backwards"
-        );
+        let seq = snapshot.journal_seq;
+        assert!(seq > last_seq, "kill {kill}: the file went backwards");
         assert_eq!(
             snapshot,
-            plan_generation(generation),
-            "kill {kill}: the file is not a whole generation"
+            expected_at(seq),
+            "kill {kill}: the file is not a whole write"
         );
         interrupted_writes += temp.exists() as usize;
-        last_generation = generation;
+        last_seq = seq;
+        // The plan file, its journal, and at most one temp file of each.
         let leftovers = std::fs::read_dir(dir.path()).unwrap().count();
-        assert!(leftovers <= 2, "temp files pile up: {leftovers} entries");
+        assert!(leftovers <= 4, "temp files pile up: {leftovers} entries");
     }
-    println!(
-        "{KILLS} kills, {interrupted_writes} of them mid-write, final generation {last_generation}"
-    );
+    println!("{KILLS} kills, {interrupted_writes} of them mid-write, final write {last_seq}");
     assert!(
         interrupted_writes > 0,
         "no kill landed mid-write: the test proved nothing"

@@ -257,16 +257,15 @@ fn free_loopback_port() -> u16 {
 /// `ruled serve --demo` on `http_addr`, logging to `serve.log`. The master
 /// waits `grace` before its first fetch.
 fn serve_demo(install: &Install, http_addr: &str, grace: &str) -> Reaped {
-    let child = install
-        .command(&["serve", "--demo"])
-        .env("HTTP_ADDR", http_addr)
-        .env("MASTER_GRACE_PERIOD_SECONDS", grace)
-        .env("WORKER_STAGGER_SECONDS", "0")
-        .env("WORKER_COOLDOWN_SECONDS", "0")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(install.path("serve.log")).unwrap())
-        .spawn()
-        .unwrap();
+    let child = install.spawn_logged(
+        install
+            .command(&["serve", "--demo"])
+            .env("HTTP_ADDR", http_addr)
+            .env("MASTER_GRACE_PERIOD_SECONDS", grace)
+            .env("WORKER_STAGGER_SECONDS", "0")
+            .env("WORKER_COOLDOWN_SECONDS", "0"),
+        "serve.log",
+    );
     Reaped(child)
 }
 

@@ -15,7 +15,7 @@ mod common;
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use common::process::{Install, signal, wait_exit};
@@ -103,14 +103,13 @@ fn schemathesis() -> Option<PathBuf> {
 
 /// `ruled serve --demo` on a free loopback port with `API_TOKEN` set.
 fn serve_demo(install: &Install) -> (Reaped, u16) {
-    let child = install
-        .command(&["serve", "--demo"])
-        .env("API_TOKEN", TOKEN)
-        .env("SHUTDOWN_GRACE_SECONDS", "5")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(install.path("serve.log")).unwrap())
-        .spawn()
-        .unwrap();
+    let child = install.spawn_logged(
+        install
+            .command(&["serve", "--demo"])
+            .env("API_TOKEN", TOKEN)
+            .env("SHUTDOWN_GRACE_SECONDS", "5"),
+        "serve.log",
+    );
     let server = Reaped(child);
     let addr = install.listening_addr("serve.log");
     assert!(

@@ -152,26 +152,20 @@ async fn wait_finished(api: &Api, branch_rule: &str, count: usize) -> Vec<Value>
 async fn secrets_stay_hidden(log_format: &str) {
     let echo = echo_server().await;
     let install = Install::new();
-    let mut child = install
-        .command(&["serve"])
-        .env("LOG_FORMAT", log_format)
-        .env("RUST_LOG", "debug")
-        .env("API_TOKEN", TOKEN)
-        .env("HTTP_ACTION_ALLOW_PRIVATE", "true")
-        .env("MASTER_GRACE_PERIOD_SECONDS", "0")
-        .env("WORKER_STAGGER_SECONDS", "0")
-        .env("WORKER_COOLDOWN_SECONDS", "0")
-        .env("RECENTLY_PROCESSED_SECONDS", "0")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(install.path("serve.log")).unwrap())
-        .spawn()
-        .unwrap();
-    let port = install.listening_addr("serve.log").port();
-    let api = Api {
-        base: format!("http://127.0.0.1:{port}"),
-        client: client(),
-        token: Some(TOKEN.into()),
-    };
+    let mut child = install.spawn_logged(
+        install
+            .command(&["serve"])
+            .env("LOG_FORMAT", log_format)
+            .env("RUST_LOG", "debug")
+            .env("API_TOKEN", TOKEN)
+            .env("HTTP_ACTION_ALLOW_PRIVATE", "true")
+            .env("MASTER_GRACE_PERIOD_SECONDS", "0")
+            .env("WORKER_STAGGER_SECONDS", "0")
+            .env("WORKER_COOLDOWN_SECONDS", "0")
+            .env("RECENTLY_PROCESSED_SECONDS", "0"),
+        "serve.log",
+    );
+    let api = Api::at(install.listening_addr("serve.log"), Some(TOKEN));
     let anonymous = api.without_token();
     let mut seen = Seen::default();
 
@@ -389,7 +383,7 @@ async fn secrets_stay_hidden(log_format: &str) {
     assert!(shown.json["output"]["steps"].is_array(), "{}", shown.text);
 
     let metrics = client()
-        .get(format!("http://127.0.0.1:{port}/metrics"))
+        .get(format!("{}/metrics", api.base))
         .send()
         .await
         .unwrap()

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use common::TestDb;
+use common::{TestDb, execution_count};
 use ruled::model::{
     Branch, BranchRule, Brand, Execution, ExecutionStatus, Millis, Rule, RuleStatus,
 };
@@ -159,16 +159,6 @@ fn completed(at: Millis, next: Option<Millis>) -> Finish {
         skipped: Vec::new(),
         clear_next_run: false,
     }
-}
-
-async fn execution_count(store: &Store) -> i64 {
-    store
-        .count_executions_by_status()
-        .await
-        .unwrap()
-        .iter()
-        .map(|(_, n)| n)
-        .sum()
 }
 
 // ---- claims ------------------------------------------------------------------

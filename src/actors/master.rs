@@ -27,7 +27,9 @@ use crate::messages::{MasterMsg, MemoryGuardMsg, PlanMsg, RefresherMsg, WorkerMs
 use crate::metrics as m;
 use crate::model::{ExecutionStatus, Millis};
 use crate::plan::{Ending, JobSpec, decide_due, overlap_due};
-use crate::queue::{DedupReason, JobQueue, StartLagHistory, WorkerPool};
+use crate::queue::{
+    BacklogChange, BacklogTrend, Capacity, DedupReason, JobQueue, StartLagHistory, WorkerPool,
+};
 use crate::recovery;
 use crate::schedule::Overlap;
 use crate::store::{Store, StoreError, Transition, TransitionBatcher};
@@ -56,6 +58,10 @@ pub struct MasterState {
     queue: JobQueue<Box<Job>>,
     /// How late this incarnation's jobs started, for the console's chart.
     start_lag: StartLagHistory,
+    /// The rate the workers sustain, from the jobs' lengths.
+    capacity: Capacity,
+    /// Whether the ready backlog outgrows that rate.
+    backlog: BacklogTrend,
     /// The workers: alive, idle, and busy with their jobs.
     pool: WorkerPool<ActorId, ActorRef<WorkerMsg>, Box<Job>>,
     /// Rules whose claims are in flight: not fetched again meanwhile.
@@ -97,11 +103,16 @@ impl Actor for MasterActor {
         myself.send_interval(config.schedule_lock_timeout / 3, || {
             MasterMsg::RenewQueuedClaims
         });
+        myself.send_interval(config.backlog_window / BACKLOG_SAMPLES, || {
+            MasterMsg::CheckBacklog
+        });
         let throttled = memory_throttled(&args.directory).await;
         let pool = WorkerPool::new(config.worker_count, !config.worker_single_job_mode);
         let mut state = MasterState {
             queue: JobQueue::new(config.recently_processed.as_millis() as Millis),
             start_lag: StartLagHistory::new(),
+            capacity: Capacity::new(config.worker_count, rest_after_each_job(config)),
+            backlog: BacklogTrend::new(config.backlog_window.as_millis() as Millis),
             args,
             pool,
             claiming: HashSet::new(),
@@ -113,6 +124,7 @@ impl Actor for MasterActor {
         };
         state.schedule_tick(&myself, grace);
         state.publish_gauges();
+        metrics::gauge!(m::CAPACITY_JOBS_PER_SECOND).set(state.capacity.jobs_per_second());
         Ok(state)
     }
 
@@ -181,6 +193,7 @@ impl Actor for MasterActor {
                 state.memory_throttle(&myself, status.throttled).await
             }
             MasterMsg::RenewQueuedClaims => state.renew_queued_claims().await,
+            MasterMsg::CheckBacklog => state.check_backlog().await,
             MasterMsg::SelfFence => state.self_fence(),
             MasterMsg::OverlapDue { execution_id } => state.overlap_due(execution_id),
             MasterMsg::InjectPanic(reason) => panic!("{reason}"),
@@ -546,7 +559,7 @@ impl MasterState {
             };
             if worker.cast(run).is_ok() {
                 self.arm_overlap_cancel(myself, &job);
-                self.pool.assign(key, job);
+                self.pool.assign(key, job, now);
             } else {
                 // The worker died between being idle and the handoff; its
                 // supervision event brings a fresh one.
@@ -669,10 +682,12 @@ impl MasterState {
     /// that stops after its job reports twice (its message and its
     /// termination), in either order.
     fn settle(&mut self, myself: &ActorRef<MasterMsg>, worker: ActorId, branch_rule_id: Uuid) {
-        if self.pool.job_done(worker).is_none() {
+        let Some((_, handed_over_at)) = self.pool.job_done(worker) else {
             return;
-        }
-        self.queue.finish(branch_rule_id, self.args.clock.now_ms());
+        };
+        let now = self.args.clock.now_ms();
+        self.capacity.job_done(now - handed_over_at);
+        self.queue.finish(branch_rule_id, now);
         self.run_ended(branch_rule_id);
         if let Some(drain) = self.drain.as_mut() {
             if drain.deadline_passed {
@@ -904,6 +919,57 @@ impl MasterState {
         self.publish_gauges();
     }
 
+    /// Samples the ready backlog; says when it outgrows the workers, and
+    /// when they have caught up.
+    async fn check_backlog(&mut self) {
+        let capacity = self.capacity.jobs_per_second();
+        metrics::gauge!(m::CAPACITY_JOBS_PER_SECOND).set(capacity);
+        let Some(plan) = self.args.directory.plan() else {
+            return;
+        };
+        let backlog = match ask(&plan, PlanMsg::Readiness).await {
+            Ok(readiness) => readiness.ready,
+            Err(e) => {
+                debug!("Cannot read the ready backlog: {e}");
+                return;
+            }
+        };
+        let now = self.args.clock.now_ms();
+        let config = &self.args.config;
+        match self.backlog.sample(now, backlog) {
+            Some(BacklogChange::Growing {
+                lowest_before,
+                lowest_now,
+                backlog,
+            }) => {
+                let mean_job = self.capacity.mean_job_ms().map_or_else(
+                    || "none finished yet".to_string(),
+                    |ms| format!("{ms:.0} ms"),
+                );
+                warn!(
+                    backlog,
+                    lowest_before,
+                    lowest_now,
+                    capacity_jobs_per_second = capacity,
+                    "📈 Ready backlog growing: {backlog} rule(s) due and waiting, never fewer than {lowest_now} in the last {:?} (up from {lowest_before}); the workers run about {capacity:.2} jobs/s (WORKER_COUNT={}, WORKER_COOLDOWN_SECONDS={}, WORKER_SINGLE_JOB_MODE={}, mean job {mean_job}). Raise WORKER_COUNT, lower WORKER_COOLDOWN_SECONDS or set WORKER_SINGLE_JOB_MODE=false.",
+                    config.backlog_window,
+                    config.worker_count,
+                    config.worker_cooldown.as_secs_f64(),
+                    config.worker_single_job_mode,
+                );
+            }
+            Some(BacklogChange::CaughtUp) => {
+                info!("📉 Ready backlog worked off: the workers caught up");
+            }
+            None => {}
+        }
+        metrics::gauge!(m::READY_BACKLOG_GROWING).set(if self.backlog.is_growing() {
+            1.0
+        } else {
+            0.0
+        });
+    }
+
     fn stats(&self) -> crate::queue::QueueStats {
         self.queue
             .stats(self.args.config.worker_count, self.pool.alive_len())
@@ -983,6 +1049,19 @@ impl MasterState {
 
 /// Runs the futures concurrently (they share the batcher's group commit)
 /// and returns their outputs in order.
+/// Backlog samples per [`Config::backlog_window`].
+const BACKLOG_SAMPLES: u32 = 6;
+
+/// How long a worker slot rests after each job: single-job mode replaces
+/// the worker after the cooldown; a reused worker takes the next job at once.
+fn rest_after_each_job(config: &Config) -> Millis {
+    if config.worker_single_job_mode {
+        config.worker_cooldown.as_millis() as Millis
+    } else {
+        0
+    }
+}
+
 async fn futures_join_all<F: std::future::Future + Send + 'static>(
     futures: Vec<F>,
 ) -> Vec<F::Output>

@@ -6,6 +6,7 @@ pub mod lease;
 pub mod master;
 pub mod memory_guard;
 pub mod plan;
+pub mod pruner;
 pub mod refresher;
 pub mod worker;
 pub mod writer;

@@ -18,7 +18,8 @@ use crate::model::{Millis, PlanScope};
 use crate::persist::read_plan_file;
 use crate::plan::{
     ExecutionPlan, MergeOptions, MergeReport, PlanStats, QuarantineChange, browse, check_ready,
-    job_spec, merge, missed_windows, next_wake, ready_owned, schedule_of,
+    count_ready_owned, job_spec, merge, missed_windows, next_wake, next_wake_while_busy,
+    ready_owned, schedule_of,
 };
 use crate::schedule::ScheduleCache;
 
@@ -44,6 +45,7 @@ pub struct PlanState {
     dirty: bool,
     flush_scheduled: bool,
     last_enqueued_at: Option<Millis>,
+    journal: JournalState,
     schedules: ScheduleCache,
     /// The rules this instance may claim: the partitions whose lease it
     /// holds (seed 003), or all of them on SQLite.
@@ -62,8 +64,10 @@ impl Actor for PlanActor {
     ) -> Result<PlanState, ActorProcessingErr> {
         let path = args.config.plan_file.clone();
         let loaded = tokio::task::spawn_blocking(move || read_plan_file(&path)).await?;
+        let mut journal_seq = 0;
         let mut plan = match loaded {
             Ok(Some(snapshot)) => {
+                journal_seq = snapshot.journal_seq;
                 info!(
                     workflows = snapshot.workflows.len(),
                     saved_at = %millis_to_utc(snapshot.saved_at).to_rfc3339(),
@@ -101,6 +105,15 @@ impl Actor for PlanActor {
             dirty: false,
             flush_scheduled: false,
             last_enqueued_at: None,
+            journal: JournalState {
+                // Above anything an earlier incarnation of this actor may
+                // still have queued at the writer (it wrote at most once
+                // per PLAN_MIN_WRITE_INTERVAL, far less than 1,000 times a
+                // millisecond), so the writer never takes its stale
+                // journal writes for newer than this actor's snapshot.
+                seq: journal_seq.max(args.clock.now_ms().max(0) as u64 * 1_000),
+                ..JournalState::default()
+            },
             schedules: ScheduleCache::default(),
             ownership: args.ownership,
         };
@@ -124,12 +137,15 @@ impl Actor for PlanActor {
                 let config = &state.config;
                 let zone = config.default_timezone;
                 let ready = state.ready_now(now);
-                metrics::gauge!(m::PLAN_READY_WORKFLOWS).set(ready.len() as f64);
                 let jobs = ready
                     .iter()
                     .filter_map(|id| job_spec(&state.plan, id, zone, &mut state.schedules))
                     .collect();
-                let next_wake = next_wake(&state.plan, now, zone, &state.ownership);
+                let next_wake = if ready.is_empty() {
+                    next_wake(&state.plan, now, zone, &state.ownership)
+                } else {
+                    Some(next_wake_while_busy(&state.plan, now, &state.ownership))
+                };
                 let _ = reply.send(ReadyJobs { jobs, next_wake });
             }
             PlanMsg::Ownership(ownership) => {
@@ -276,11 +292,14 @@ impl Actor for PlanActor {
             PlanMsg::Snapshot(reply) => {
                 let _ = reply.send(state.plan.snapshot(now));
             }
+            PlanMsg::SnapshotToWriter(reply) => {
+                let _ = reply.send(state.send_snapshot(now));
+            }
             PlanMsg::Stats(reply) => {
                 let _ = reply.send(state.plan.stats(now));
             }
             PlanMsg::Readiness(reply) => {
-                let _ = reply.send(state.readiness(now));
+                let _ = reply.send(state.publish_readiness(now));
             }
             PlanMsg::Browse {
                 query,
@@ -337,16 +356,17 @@ impl PlanState {
     /// The ready and missed-window gauges, at start and after each merge
     /// (the master's fetches also set the ready gauge). Both walk only the
     /// due part of the index.
-    fn publish_readiness(&self, now: Millis) {
+    fn publish_readiness(&self, now: Millis) -> Readiness {
         let readiness = self.readiness(now);
         metrics::gauge!(m::PLAN_READY_WORKFLOWS).set(readiness.ready as f64);
         metrics::gauge!(m::PLAN_MISSED_WINDOW_WORKFLOWS).set(readiness.missed_window as f64);
+        readiness
     }
 
     fn readiness(&self, now: Millis) -> Readiness {
         let config = &self.config;
         Readiness {
-            ready: self.ready_now(now).len(),
+            ready: count_ready_owned(&self.plan, now, config.default_timezone, &self.ownership),
             missed_window: missed_windows(
                 &self.plan,
                 now,
@@ -413,15 +433,76 @@ impl PlanState {
             self.mark_dirty(myself);
             return;
         };
-        let snapshot = Arc::new(self.plan.snapshot(now));
-        if writer.cast(WriterMsg::Enqueue(snapshot)).is_ok() {
+        let sent = if self.journal.wants_snapshot(writer.get_id(), &self.plan) {
+            self.send_snapshot(now)
+        } else {
+            self.journal.seq += 1;
+            let delta = self.plan.take_delta(self.journal.seq, now);
+            let changed = delta.len();
+            let sent = delta.is_empty() || writer.cast(WriterMsg::Append(delta)).is_ok();
+            if sent {
+                self.journal.changes_since_snapshot += changed;
+                debug!(changed, "💾 Queued execution plan write");
+            } else {
+                // The changes were taken but never reached a writer: only
+                // a whole snapshot can make up for them.
+                self.journal.writer = None;
+            }
+            sent
+        };
+        if sent {
             self.dirty = false;
-            debug!("💾 Queued execution plan write");
         }
         self.last_enqueued_at = Some(now);
         if self.dirty {
             self.mark_dirty(myself);
         }
+    }
+
+    /// Hands the whole plan to the writer: it replaces the plan file, and
+    /// the journal starts again. False when there is no writer to take it.
+    fn send_snapshot(&mut self, now: Millis) -> bool {
+        let Some(writer) = self.directory.writer() else {
+            return false;
+        };
+        self.journal.seq += 1;
+        let mut snapshot = self.plan.snapshot(now);
+        snapshot.journal_seq = self.journal.seq;
+        if writer.cast(WriterMsg::Enqueue(Arc::new(snapshot))).is_err() {
+            return false;
+        }
+        self.plan.forget_changes();
+        self.journal.changes_since_snapshot = 0;
+        self.journal.writer = Some(writer.get_id());
+        self.dirty = false;
+        debug!("💾 Queued execution plan write (whole plan)");
+        true
+    }
+}
+
+/// Where the plan file's journal stands, from the plan actor's side.
+#[derive(Debug, Default)]
+struct JournalState {
+    /// The sequence number of the last write handed to the writer.
+    seq: u64,
+    /// Workflow states journaled since the last snapshot.
+    changes_since_snapshot: usize,
+    /// The writer the last snapshot went to. A journal only extends the
+    /// snapshot its own writer wrote: after a start, a writer restart or a
+    /// lost write, the next write is a whole snapshot.
+    writer: Option<ractor::ActorId>,
+}
+
+/// Journal writes before the journal is compacted into a snapshot, at
+/// least; above that, as many as the plan has workflows, so compaction
+/// costs at most as much again as the journal did.
+const MIN_CHANGES_PER_SNAPSHOT: usize = 1_000;
+
+impl JournalState {
+    fn wants_snapshot(&self, writer: ractor::ActorId, plan: &ExecutionPlan) -> bool {
+        self.writer != Some(writer)
+            || plan.changes().tables
+            || self.changes_since_snapshot >= plan.len().max(MIN_CHANGES_PER_SNAPSHOT)
     }
 }
 

@@ -19,14 +19,14 @@ use super::simulation::{merged_policy, policy_preview};
 use super::views::{
     BranchRule, CancelAccepted, Execution, ExecutionPage, ForceStopped, Instance, Instances,
     MemoryView, PlanReady, PlanView, Preview, PreviewRun, RecentError, RunAccepted, RunCancel,
-    Stats, WorkflowPage,
+    Stats,
 };
 use crate::actors::ask;
 use crate::messages::master::CancelOutcome;
 use crate::messages::memory_guard::MemoryStatus;
 use crate::messages::{MasterMsg, MemoryGuardMsg, PlanMsg, WriterMsg};
 use crate::model::ExecutionStatus;
-use crate::plan::{BrowseKey, BrowseQuery, ResolveError, RuleState};
+use crate::plan::{BrowseKey, BrowsePage, BrowseQuery, ResolveError, RuleState};
 use crate::schedule::{EffectivePolicy, Window};
 use crate::store::ExecutionFilter;
 use crate::store::rows::BRANCH_RULES;
@@ -636,8 +636,9 @@ pub struct WorkflowQuery {
     branch_id: Option<Uuid>,
     #[param(value_type = Option<RuleState>)]
     state: Option<RuleState>,
-    /// Part of the rule's, branch's or brand's name, any case.
-    #[param(max_length = 200)]
+    /// Part of the rule's, branch's or brand's name, any case. No NUL: the
+    /// API refuses one anywhere in a URL.
+    #[param(max_length = 200, pattern = r"^[^\u0000]*$")]
     q: Option<String>,
     /// Only these branch rules: ids separated by commas (at most 1,000).
     #[param(
@@ -675,11 +676,11 @@ const MAX_CURSOR_CHARS: usize = 4000;
 /// and the verdict `ruled plan` gives, filtered and paged in (brand,
 /// branch, rule name, id) order: the console's Rules page.
 #[utoipa::path(get, path = "/plan/workflows", tag = "plan", params(WorkflowQuery),
-    responses((status = 200, description = "A page of the plan's workflows", body = WorkflowPage)))]
+    responses((status = 200, description = "A page of the plan's workflows", body = BrowsePage)))]
 pub async fn plan_workflows(
     State(s): State<ApiState>,
     Query(q): Query<WorkflowQuery>,
-) -> ApiResult<Json<WorkflowPage>> {
+) -> ApiResult<Json<BrowsePage>> {
     let limit = super::catalog::page_limit(q.limit)? as usize;
     let ids = q
         .ids
@@ -746,10 +747,5 @@ pub async fn plan_workflows(
         reply,
     })
     .await?;
-    Ok(Json(WorkflowPage {
-        items: page.items.into_iter().map(Into::into).collect(),
-        next_cursor: page.next_cursor,
-        matched: page.matched,
-        states: page.states,
-    }))
+    Ok(Json(page))
 }

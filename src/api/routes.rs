@@ -22,7 +22,7 @@ use utoipa_axum::routes;
 use super::ApiState;
 use super::catalog::Cascade;
 use super::catalog::{self as c, DURATION_KEYS, longest_action_ms};
-use super::engine as e;
+use super::engine::{self as e, ListOrder, WorkflowSort};
 use super::events;
 use super::schema::{ErrorEnvelope, JsonObject, JsonValue, json_value_schema};
 use super::simulation as sim;
@@ -39,7 +39,7 @@ pub const PREFIX: &str = "/api/v1";
                        (API_TOKEN or API_TOKENS). Errors are `{\"error\": {\"code\", \"message\"}}`, \
                        the message in the language of `Accept-Language` (en, ar)."
     ),
-    components(schemas(ErrorEnvelope, JsonValue, JsonObject, Cascade)),
+    components(schemas(ErrorEnvelope, JsonValue, JsonObject, Cascade, ListOrder, WorkflowSort)),
     modifiers(&BearerScheme)
 )]
 struct ApiDoc;
@@ -481,6 +481,67 @@ pub fn allowed_methods(path: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every `$ref` in the document, with where it sits.
+    fn references<'a>(value: &'a Value, at: String, found: &mut Vec<(String, &'a str)>) {
+        match value {
+            Value::Object(map) => {
+                for (key, inner) in map {
+                    match (key.as_str(), inner) {
+                        ("$ref", Value::String(target)) => found.push((at.clone(), target)),
+                        _ => references(inner, format!("{at}/{key}"), found),
+                    }
+                }
+            }
+            Value::Array(items) => {
+                for (index, inner) in items.iter().enumerate() {
+                    references(inner, format!("{at}/{index}"), found);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn every_reference_in_the_document_resolves() {
+        // A dangling reference makes Schemathesis skip that parameter, so
+        // its values would go untested.
+        let mut found = Vec::new();
+        references(&DOCUMENT, String::new(), &mut found);
+        assert!(found.len() > 50, "{}", found.len());
+        for (at, target) in found {
+            let pointer = target.strip_prefix('#').unwrap_or(target);
+            assert!(DOCUMENT.pointer(pointer).is_some(), "{at}: {target}");
+        }
+    }
+
+    #[test]
+    fn free_text_query_parameters_declare_that_a_url_holds_no_nul() {
+        // check_url refuses a NUL anywhere in a URL, so a document that
+        // allowed one would promise what the API refuses.
+        for (path, operation) in DOCUMENT["paths"].as_object().unwrap() {
+            let Some(get) = operation.get("get") else {
+                continue;
+            };
+            for parameter in get["parameters"].as_array().into_iter().flatten() {
+                let schema = &parameter["schema"];
+                let string = schema["type"] == "string"
+                    || schema["type"]
+                        .as_array()
+                        .is_some_and(|t| t.contains(&json!("string")));
+                let free_text =
+                    string && schema.get("format").is_none() && schema.get("enum").is_none();
+                if parameter["in"] == "query" && free_text {
+                    let pattern = schema["pattern"].as_str();
+                    assert!(
+                        pattern.is_some_and(|p| p.contains("u0000") || !p.contains('.')),
+                        "{path} {}: {schema}",
+                        parameter["name"]
+                    );
+                }
+            }
+        }
+    }
 
     #[test]
     fn allow_lists_the_methods_of_the_matching_route() {

@@ -21,7 +21,7 @@ use crate::actions::secrets;
 use crate::messages::master::CancelOutcome;
 use crate::messages::plan::Readiness;
 use crate::model::{ExecutionStatus, RejectedRow};
-use crate::plan::{PlanStats, RuleState, RuleSummary};
+use crate::plan::PlanStats;
 use crate::queue::QueueStats;
 use crate::schedule::{EffectivePolicy, Policy, SkipReason};
 
@@ -703,76 +703,6 @@ pub struct RecentError {
     pub requested_at: Timestamp,
     pub finished_at: Option<Timestamp>,
     pub error: Option<String>,
-}
-
-/// A workflow as the console's Rules page lists it: names, schedule, the
-/// next run in UTC and on the branch's clock, and the verdict `ruled plan`
-/// prints for it.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct WorkflowSummary {
-    /// The branch rule's id.
-    pub id: Uuid,
-    pub brand_id: Option<Uuid>,
-    pub brand: Option<String>,
-    pub branch_id: Uuid,
-    pub branch: Option<String>,
-    pub rule_id: Uuid,
-    pub rule: Option<String>,
-    /// The IANA zone its schedule runs in.
-    pub zone: String,
-    pub cron_expression: Option<String>,
-    /// `HH:MM-HH:MM` on the branch's clock.
-    pub window: Option<String>,
-    pub is_active: bool,
-    pub is_force_stopped: bool,
-    pub is_running: bool,
-    pub last_run_time: Option<Timestamp>,
-    pub next_run_time: Option<Timestamp>,
-    /// The next run on the branch's clock: `2027-01-15 03:00 EST`.
-    pub next_run_time_local: Option<String>,
-    pub state: RuleState,
-    /// "READY", or "not ready: why", as `ruled plan` says it.
-    pub verdict: String,
-    pub partition: Option<u32>,
-    pub partition_owner: Option<String>,
-}
-
-impl From<RuleSummary> for WorkflowSummary {
-    fn from(row: RuleSummary) -> WorkflowSummary {
-        WorkflowSummary {
-            id: row.id,
-            brand_id: row.brand_id,
-            brand: row.brand,
-            branch_id: row.branch_id,
-            branch: row.branch,
-            rule_id: row.rule_id,
-            rule: row.rule,
-            zone: row.zone,
-            cron_expression: row.cron_expression,
-            window: row.window,
-            is_active: row.is_active,
-            is_force_stopped: row.is_force_stopped,
-            is_running: row.is_running,
-            last_run_time: row.last_run_time.map(Timestamp),
-            next_run_time: row.next_run_time.map(Timestamp),
-            next_run_time_local: row.next_run_local,
-            state: row.state,
-            verdict: row.verdict,
-            partition: row.partition,
-            partition_owner: row.partition_owner,
-        }
-    }
-}
-
-/// A page of workflows, how many matched, and how many of those (before
-/// the state filter) are in each state.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct WorkflowPage {
-    pub items: Vec<WorkflowSummary>,
-    pub next_cursor: Option<String>,
-    pub matched: usize,
-    #[schema(value_type = std::collections::BTreeMap<String, usize>)]
-    pub states: std::collections::BTreeMap<RuleState, usize>,
 }
 
 /// The execution plan as the plan actor holds it, with each workflow's

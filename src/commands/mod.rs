@@ -4,6 +4,7 @@
 pub mod demo;
 pub mod plan;
 pub mod preview;
+pub mod prune;
 pub mod simulate;
 
 use crate::persist::PersistError;

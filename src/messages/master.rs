@@ -65,6 +65,8 @@ pub enum MasterMsg {
     /// SCHEDULE_LOCK_TIMEOUT_SECONDS); running ones are renewed by their
     /// workers.
     RenewQueuedClaims,
+    /// Samples the ready backlog for the capacity watch.
+    CheckBacklog,
     /// The lease keeper could not renew the heartbeat for nearly a TTL:
     /// stop every job and drop every queued claim, writing nothing.
     SelfFence,

@@ -71,6 +71,9 @@ pub enum PlanMsg {
     ResetRunningFlags(RpcReplyPort<usize>),
     /// A full copy of the plan, as the plan file holds it.
     Snapshot(RpcReplyPort<PlanSnapshot>),
+    /// Hands the whole plan to the writer now (graceful shutdown), in line
+    /// with the journal writes before it; false when no writer took it.
+    SnapshotToWriter(RpcReplyPort<bool>),
     Stats(RpcReplyPort<PlanStats>),
     /// How many workflows are ready at the clock's now (capped at
     /// MAX_RUNS_PER_TICK, as a fetch takes them) and how many missed their
@@ -94,7 +97,8 @@ pub enum PlanMsg {
 /// The answer to [`PlanMsg::Readiness`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
 pub struct Readiness {
-    /// Workflows a fetch would take now.
+    /// Workflows ready to run now, all of them: a fetch takes at most
+    /// MAX_RUNS_PER_TICK of these.
     pub ready: usize,
     /// Due workflows whose window was open since they fell due and is closed
     /// now: they wait for the next opening.

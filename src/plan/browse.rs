@@ -226,9 +226,12 @@ impl BrowseKey {
     }
 }
 
-/// One workflow as the Rules page shows it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// One workflow as the Rules page shows it (`GET /api/v1/plan/workflows`):
+/// names, schedule, the next run in UTC and on the branch's clock, and the
+/// verdict `ruled plan` prints for it.
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct RuleSummary {
+    /// The branch rule's id.
     pub id: Uuid,
     pub brand_id: Option<Uuid>,
     pub brand: Option<String>,
@@ -236,32 +239,41 @@ pub struct RuleSummary {
     pub branch: Option<String>,
     pub rule_id: Uuid,
     pub rule: Option<String>,
-    /// The zone the schedule is evaluated in (the branch's, else the default).
+    /// The IANA zone the schedule is evaluated in (the branch's, else the
+    /// default).
     pub zone: String,
     pub cron_expression: Option<String>,
-    /// `HH:MM-HH:MM` in the branch's zone, when the rule has a window.
+    /// `HH:MM-HH:MM` on the branch's clock, when the rule has a window.
     pub window: Option<String>,
     pub is_active: bool,
     pub is_force_stopped: bool,
     pub is_running: bool,
+    #[serde(serialize_with = "crate::clock::serialize_rfc3339")]
+    #[schema(value_type = Option<String>, format = DateTime)]
     pub last_run_time: Option<Millis>,
+    #[serde(serialize_with = "crate::clock::serialize_rfc3339")]
+    #[schema(value_type = Option<String>, format = DateTime)]
     pub next_run_time: Option<Millis>,
-    /// The next run on the branch's wall clock, with the zone's abbreviation.
+    /// The next run on the branch's wall clock as `ruled plan` prints it:
+    /// `2027-01-15 03:00 EST`.
     pub next_run_local: Option<String>,
     pub state: RuleState,
+    /// "READY", or "not ready: why", as `ruled plan` says it.
     pub verdict: String,
     pub partition: Option<u32>,
     pub partition_owner: Option<String>,
 }
 
 /// One page of a browse, with how many workflows matched the filters and,
-/// for the filter's chips, how many of those (before the state filter) are
-/// in each state.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// for the filter's choices, how many of those (before the state filter)
+/// are in each state.
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct BrowsePage {
     pub items: Vec<RuleSummary>,
+    /// Pass as `cursor` for the next page; `null` on the last.
     pub next_cursor: Option<String>,
     pub matched: usize,
+    #[schema(value_type = std::collections::BTreeMap<String, usize>)]
     pub states: BTreeMap<RuleState, usize>,
 }
 

@@ -90,17 +90,18 @@ pub fn next_wake(
     default_zone: Tz,
     ownership: &Ownership,
 ) -> Option<Millis> {
-    let mut earliest: Option<Millis> = None;
-    for (at, id) in plan.due_index.iter() {
-        if earliest.is_some_and(|e| *at >= e) {
+    let mut earliest = next_future_due(plan, now, ownership);
+    let wake_at = |earliest: Option<Millis>, at: Millis| Some(earliest.map_or(at, |e| e.min(at)));
+    for (walked, (_, id)) in plan.due_index.range(..=(now, Uuid::max())).enumerate() {
+        if walked >= NEXT_WAKE_WALK {
+            // A backlog this long keeps the master busy anyway; looking
+            // again in a second costs one fetch, while walking all of it
+            // on every fetch made a drain slower the longer it was.
+            earliest = wake_at(earliest, now + 1_000);
             break;
         }
         if !ownership.owns(id) {
             continue;
-        }
-        if *at > now {
-            earliest = Some(earliest.map_or(*at, |e| e.min(*at)));
-            break;
         }
         let Some(workflow) = plan.get(id) else {
             continue;
@@ -109,10 +110,31 @@ pub fn next_wake(
             check_ready(plan, workflow, now, default_zone)
         {
             let opens = window_opening(plan, workflow, window, now, default_zone);
-            earliest = Some(earliest.map_or(opens, |e| e.min(opens)));
+            earliest = wake_at(earliest, opens);
         }
     }
     earliest
+}
+
+/// Due workflows [`next_wake`] looks at for window openings, at most.
+const NEXT_WAKE_WALK: usize = 4_096;
+
+/// [`next_wake`] for a fetch that found ready rules: their finishes wake
+/// the master again, so only a rule falling due sooner matters, and the
+/// master looks within a second in any case. No walk of the due rules:
+/// a fetch follows every finished job, and a long backlog made that walk
+/// the largest cost of a drain.
+pub fn next_wake_while_busy(plan: &ExecutionPlan, now: Millis, ownership: &Ownership) -> Millis {
+    let soon = now + 1_000;
+    next_future_due(plan, now, ownership).map_or(soon, |at| at.min(soon))
+}
+
+/// The earliest next_run_time after `now` among the rules owned here.
+fn next_future_due(plan: &ExecutionPlan, now: Millis, ownership: &Ownership) -> Option<Millis> {
+    plan.due_index
+        .range((now.saturating_add(1), Uuid::nil())..)
+        .find(|(_, id)| ownership.owns(id))
+        .map(|&(at, _)| at)
 }
 
 /// How many due workflows missed their operation window: it was open at
@@ -277,6 +299,32 @@ mod tests {
         let mut plan = fixture.plan();
         plan.mark_running(&fixture.workflow_id, NOW);
         assert_eq!(next_wake(&plan, NOW, chrono_tz::UTC, &Ownership::All), None);
+    }
+
+    #[test]
+    fn a_busy_master_wakes_for_the_next_due_rule_or_within_a_second() {
+        let plan = Fixture::due(NOW + 300).plan();
+        assert_eq!(next_wake_while_busy(&plan, NOW, &Ownership::All), NOW + 300);
+        let plan = Fixture::due(NOW + 60_000).plan();
+        assert_eq!(
+            next_wake_while_busy(&plan, NOW, &Ownership::All),
+            NOW + 1_000
+        );
+    }
+
+    #[test]
+    fn a_long_backlog_is_looked_at_again_within_a_second_not_walked_whole() {
+        let plan = Fixture::many(NOW - 1, NEXT_WAKE_WALK as u128 + 10);
+        assert_eq!(
+            next_wake(&plan, NOW, chrono_tz::UTC, &Ownership::All),
+            Some(NOW + 1_000)
+        );
+        let short = Fixture::many(NOW - 1, 10);
+        assert_eq!(
+            next_wake(&short, NOW, chrono_tz::UTC, &Ownership::All),
+            None,
+            "ready rules need no wake: the fetch takes them"
+        );
     }
 
     #[test]

@@ -136,13 +136,14 @@ pub fn merge(
         local.seen_generation = generation;
         let reappeared = local.missing_since.take().is_some();
         plan.missing -= reappeared as usize;
+        let mut changed = reappeared;
 
         let recently_changed_here = local
             .locally_updated_at
             .is_some_and(|at| now - at < recent_ms);
         if options.first_refresh {
             // Rule 5: nothing local survives the first refresh.
-            local.locally_updated_at = None;
+            changed |= local.locally_updated_at.take().is_some();
         }
         if !options.first_refresh && recently_changed_here {
             // Rule 2: the database has not caught up with our own write yet.
@@ -155,17 +156,22 @@ pub fn merge(
             // not ours to keep: it follows the database.
             report.preserved += 1;
             report.note_next_run_change(id, local.branch_rule.next_run_time, row.next_run_time);
+            changed |= local.branch_rule != row;
             local.branch_rule = row;
             local.branch_rule.is_currently_running = true;
         } else if local.branch_rule != row || reappeared {
             report.updated += 1;
             report.note_next_run_change(id, local.branch_rule.next_run_time, row.next_run_time);
+            changed = true;
             local.branch_rule = row;
         }
 
         let indexed_after = indexed_time(&plan.rules, local);
         if indexed_before != indexed_after {
             plan.reindex(id, indexed_before, indexed_after);
+        }
+        if changed {
+            plan.note_changed(id);
         }
     }
 

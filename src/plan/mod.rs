@@ -9,6 +9,7 @@
 mod browse;
 mod decide;
 mod jobs;
+mod journal;
 mod merge;
 mod next_run;
 mod quarantine;
@@ -36,11 +37,12 @@ pub use decide::{
     Cadence, DueDecision, Ending, FinishDecision, MAX_OCCURRENCES_PER_DECISION,
     MISFIRE_THRESHOLD_MS, RunEnd, decide_due, decide_finish, overlap_due,
 };
-pub use jobs::{JobSpec, JobStep, job_spec, missed_windows, next_wake};
+pub use jobs::{JobSpec, JobStep, job_spec, missed_windows, next_wake, next_wake_while_busy};
+pub use journal::{JournalRead, PlanChanges, PlanDelta, parse_journal};
 pub use merge::{MergeOptions, MergeReport, NextRunChange, merge};
 pub use next_run::{PlanError, local_next_run_time, schedule_of};
 pub use quarantine::{Quarantine, QuarantineChange, screen};
-pub use ready::{NotReady, check_ready, ready, ready_owned};
+pub use ready::{NotReady, check_ready, count_ready_owned, ready, ready_owned};
 pub use resolve::{
     ResolveError, ScheduleParts, next_run, resolve_expression, resolve_schedule, resolve_zone,
 };
@@ -131,6 +133,10 @@ pub struct OutboxEntry {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct PlanSnapshot {
     pub saved_at: Millis,
+    /// The newest journal write this snapshot holds (see [`PlanDelta`]);
+    /// 0 in files written before the journal.
+    #[serde(default)]
+    pub journal_seq: u64,
     /// Post-process writes still to deliver; see [`OutboxEntry`].
     #[serde(default)]
     pub outbox: Vec<OutboxEntry>,
@@ -176,6 +182,8 @@ pub struct ExecutionPlan {
     missing: usize,
     /// Rows kept out of the plan; rules that depend on one are held.
     quarantine: Quarantine,
+    /// What changed since the plan file last took a write.
+    changes: PlanChanges,
 }
 
 fn by_id<T>(items: Vec<T>, id: impl Fn(&T) -> Uuid) -> HashMap<Uuid, T> {
@@ -234,6 +242,8 @@ impl ExecutionPlan {
             plan.insert(workflow);
         }
         plan.outbox = snapshot.outbox;
+        // Everything just read is on disk already.
+        plan.forget_changes();
         plan
     }
 
@@ -243,6 +253,7 @@ impl ExecutionPlan {
         workflows.sort_by_key(Workflow::id);
         PlanSnapshot {
             saved_at,
+            journal_seq: 0,
             outbox: self.outbox.clone(),
             workflows,
             brands: sorted_values(&self.brands, |b| b.id),
@@ -268,19 +279,11 @@ impl ExecutionPlan {
         action_templates: Vec<ActionTemplate>,
         action_details: Vec<ActionDetail>,
     ) {
-        self.brands = by_id(brands, |b| b.id);
-        self.branches = by_id(branches, |b| b.id);
+        let brands = by_id(brands, |b| b.id);
+        let branches = by_id(branches, |b| b.id);
+        let brand_rules = by_id(brand_rules, |r| r.id);
+        let action_templates = by_id(action_templates, |t| t.id);
         let rules = by_id(rules, |r| r.id);
-        let offsets_changed = rules.len() != self.rules.len()
-            || rules
-                .iter()
-                .any(|(id, rule)| self.rules.get(id).map(start_jitter) != Some(start_jitter(rule)));
-        self.rules = rules;
-        if offsets_changed {
-            self.rebuild_due_index();
-        }
-        self.brand_rules = by_id(brand_rules, |r| r.id);
-        self.action_templates = by_id(action_templates, |t| t.id);
         let mut grouped: HashMap<Uuid, Vec<ActionDetail>> = HashMap::new();
         for detail in action_details {
             grouped
@@ -291,6 +294,26 @@ impl ExecutionPlan {
         for details in grouped.values_mut() {
             details.sort_by_key(|d| (d.position, d.id));
         }
+        // A refresh hands over every table each time; only a real change
+        // costs the plan file a snapshot.
+        self.changes.tables |= brands != self.brands
+            || branches != self.branches
+            || rules != self.rules
+            || brand_rules != self.brand_rules
+            || action_templates != self.action_templates
+            || grouped != self.action_details;
+        self.brands = brands;
+        self.branches = branches;
+        let offsets_changed = rules.len() != self.rules.len()
+            || rules
+                .iter()
+                .any(|(id, rule)| self.rules.get(id).map(start_jitter) != Some(start_jitter(rule)));
+        self.rules = rules;
+        if offsets_changed {
+            self.rebuild_due_index();
+        }
+        self.brand_rules = brand_rules;
+        self.action_templates = action_templates;
         self.action_details = grouped;
     }
 
@@ -408,6 +431,7 @@ impl ExecutionPlan {
     /// Inserts or replaces a workflow, keeping the due index in step.
     pub(crate) fn insert(&mut self, workflow: Workflow) {
         let id = workflow.id();
+        self.changes.workflows.insert(id);
         let index_at = indexed_time(&self.rules, &workflow);
         self.missing += workflow.missing_since.is_some() as usize;
         if let Some(old) = self.workflows.insert(id, workflow) {
@@ -420,6 +444,7 @@ impl ExecutionPlan {
 
     pub(crate) fn remove(&mut self, id: &Uuid) -> Option<Workflow> {
         let workflow = self.workflows.remove(id)?;
+        self.changes.workflows.insert(*id);
         self.forget(*id, &workflow);
         Some(workflow)
     }
@@ -438,6 +463,7 @@ impl ExecutionPlan {
         let Some(workflow) = self.workflows.get_mut(id) else {
             return false;
         };
+        self.changes.workflows.insert(*id);
         let before = indexed_time(&self.rules, workflow);
         let was_missing = workflow.missing_since.is_some();
         change(workflow);
@@ -518,6 +544,7 @@ impl ExecutionPlan {
         self.outbox
             .retain(|e| e.fence.execution_id != entry.fence.execution_id);
         self.outbox.push(entry);
+        self.changes.outbox = true;
     }
 
     /// Drops a delivered (or fenced-out) entry; true if it was there.
@@ -525,7 +552,42 @@ impl ExecutionPlan {
         let before = self.outbox.len();
         self.outbox
             .retain(|e| e.fence.execution_id != *execution_id);
-        self.outbox.len() != before
+        let removed = self.outbox.len() != before;
+        self.changes.outbox |= removed;
+        removed
+    }
+
+    /// What changed since the last [`ExecutionPlan::take_delta`] or
+    /// [`ExecutionPlan::forget_changes`].
+    pub fn changes(&self) -> &PlanChanges {
+        &self.changes
+    }
+
+    /// A workflow was changed in place (by the merge).
+    pub(crate) fn note_changed(&mut self, id: Uuid) {
+        self.changes.workflows.insert(id);
+    }
+
+    /// The changed workflows' states and the outbox if it changed, as
+    /// journal write `seq`; the changes are then forgotten. Lookup-table
+    /// changes are not in a delta: the caller writes a snapshot for those.
+    pub fn take_delta(&mut self, seq: u64, saved_at: Millis) -> PlanDelta {
+        let changes = std::mem::take(&mut self.changes);
+        PlanDelta {
+            seq,
+            saved_at,
+            workflows: changes
+                .workflows
+                .into_iter()
+                .map(|id| (id, self.workflows.get(&id).cloned()))
+                .collect(),
+            outbox: changes.outbox.then(|| self.outbox.clone()),
+        }
+    }
+
+    /// A snapshot holds everything: nothing is pending any more.
+    pub fn forget_changes(&mut self) {
+        self.changes = PlanChanges::default();
     }
 
     /// Crash recovery: nothing runs in a process that has just started.

@@ -251,14 +251,34 @@ pub fn ready_owned(
     default_zone: Tz,
     ownership: &Ownership,
 ) -> Vec<Uuid> {
+    ready_ids(plan, now, default_zone, ownership)
+        .take(cap)
+        .collect()
+}
+
+/// How many rules [`ready_owned`] would return with no cap: the backlog
+/// the workers have yet to start.
+pub fn count_ready_owned(
+    plan: &ExecutionPlan,
+    now: Millis,
+    default_zone: Tz,
+    ownership: &Ownership,
+) -> usize {
+    ready_ids(plan, now, default_zone, ownership).count()
+}
+
+fn ready_ids<'a>(
+    plan: &'a ExecutionPlan,
+    now: Millis,
+    default_zone: Tz,
+    ownership: &'a Ownership,
+) -> impl Iterator<Item = Uuid> + 'a {
     plan.due_ids(now)
         .filter(|id| ownership.owns(id))
-        .filter(|id| {
+        .filter(move |id| {
             plan.get(id)
                 .is_some_and(|w| check_ready(plan, w, now, default_zone).is_ok())
         })
-        .take(cap)
-        .collect()
 }
 
 #[cfg(test)]

@@ -1,9 +1,11 @@
 //! The master's job queue (seed 004): FIFO order, O(1) dedup, active-job
 //! tracking and the recently-processed window. Pure: no actors, no I/O.
 
+mod capacity;
 mod pool;
 mod start_lag;
 
+pub use capacity::{BacklogChange, BacklogTrend, Capacity};
 pub use pool::WorkerPool;
 pub use start_lag::{LagPoint, StartLagHistory, StartLagSeries};
 

@@ -5,8 +5,10 @@
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
 
+use crate::model::Millis;
+
 /// Workers keyed by `K` (an actor id), with a handle `W` each and the job
-/// `J` a busy one runs.
+/// `J` a busy one runs, with when it was handed over.
 #[derive(Debug)]
 pub struct WorkerPool<K, W, J> {
     capacity: usize,
@@ -15,7 +17,7 @@ pub struct WorkerPool<K, W, J> {
     reuse: bool,
     alive: HashMap<K, W>,
     idle: VecDeque<K>,
-    busy: HashMap<K, J>,
+    busy: HashMap<K, (J, Millis)>,
     next_number: u64,
 }
 
@@ -59,19 +61,20 @@ impl<K: Copy + Eq + Hash, W, J> WorkerPool<K, W, J> {
         None
     }
 
-    /// The worker taken with [`WorkerPool::take_idle`] runs `job` now.
-    pub fn assign(&mut self, key: K, job: J) {
-        self.busy.insert(key, job);
+    /// The worker taken with [`WorkerPool::take_idle`] runs `job` from `at`.
+    pub fn assign(&mut self, key: K, job: J, at: Millis) {
+        self.busy.insert(key, (job, at));
     }
 
-    /// The worker's job is over: its job, if it had one. In multi-job mode
-    /// a live worker goes back to the idle line. Idempotent.
-    pub fn job_done(&mut self, key: K) -> Option<J> {
-        let job = self.busy.remove(&key)?;
+    /// The worker's job is over: its job, if it had one, and when it was
+    /// handed over. In multi-job mode a live worker goes back to the idle
+    /// line. Idempotent.
+    pub fn job_done(&mut self, key: K) -> Option<(J, Millis)> {
+        let done = self.busy.remove(&key)?;
         if self.reuse && self.alive.contains_key(&key) {
             self.idle.push_back(key);
         }
-        Some(job)
+        Some(done)
     }
 
     /// The worker stopped. `None` when it was not known (a second report);
@@ -80,7 +83,7 @@ impl<K: Copy + Eq + Hash, W, J> WorkerPool<K, W, J> {
     pub fn gone(&mut self, key: K) -> Option<Option<&J>> {
         self.alive.remove(&key)?;
         self.idle.retain(|idle| *idle != key);
-        Some(self.busy.get(&key))
+        Some(self.busy.get(&key).map(|(job, _)| job))
     }
 
     pub fn handles(&self) -> impl Iterator<Item = &W> {
@@ -91,7 +94,7 @@ impl<K: Copy + Eq + Hash, W, J> WorkerPool<K, W, J> {
     pub fn busy(&self) -> impl Iterator<Item = (Option<&W>, &J)> {
         self.busy
             .iter()
-            .map(|(key, job)| (self.alive.get(key), job))
+            .map(|(key, (job, _))| (self.alive.get(key), job))
     }
 
     pub fn idle_len(&self) -> usize {
@@ -120,9 +123,9 @@ mod tests {
         assert!(!pool.has_room());
         let (key, handle) = pool.take_idle().unwrap();
         assert_eq!((key, *handle), (1, "w1"));
-        pool.assign(1, "job-a");
+        pool.assign(1, "job-a", 5);
         assert_eq!((pool.idle_len(), pool.busy_len()), (1, 1));
-        assert_eq!(pool.job_done(1), Some("job-a"));
+        assert_eq!(pool.job_done(1), Some(("job-a", 5)));
         assert_eq!(pool.job_done(1), None, "a second report changes nothing");
         // Single-job mode: the worker does not come back to the line.
         assert_eq!(pool.take_idle().map(|(k, _)| k), Some(2));
@@ -137,7 +140,7 @@ mod tests {
         let mut pool: WorkerPool<u32, &str, &str> = WorkerPool::new(1, true);
         pool.started(7, "w");
         let (key, _) = pool.take_idle().unwrap();
-        pool.assign(key, "job");
+        pool.assign(key, "job", 0);
         pool.job_done(key);
         assert_eq!(pool.take_idle().map(|(k, _)| k), Some(7));
     }
@@ -148,12 +151,12 @@ mod tests {
         pool.started(1, "w1");
         pool.started(2, "w2");
         let (key, _) = pool.take_idle().unwrap();
-        pool.assign(key, "job");
+        pool.assign(key, "job", 0);
         assert_eq!(pool.gone(1), Some(Some(&"job")));
         let busy: Vec<_> = pool.busy().collect();
         assert_eq!(busy, vec![(None, &"job")]);
         // Dead workers never come back to the idle line, even when reused.
-        assert_eq!(pool.job_done(1), Some("job"));
+        assert_eq!(pool.job_done(1), Some(("job", 0)));
         assert_eq!(pool.take_idle().map(|(k, _)| k), Some(2));
         assert_eq!(pool.take_idle().map(|(k, _)| k), None);
         // An idle worker that dies leaves the line.

@@ -84,6 +84,7 @@ mod grouped;
 mod instances;
 mod leases;
 mod plan_data;
+mod retention;
 pub mod rows;
 mod workflows;
 
@@ -96,6 +97,7 @@ pub use error::{Backend, StoreError};
 pub use executions::{ERROR_CAP_BYTES, ExecutionFilter, OUTPUT_CAP_BYTES, WORKER_LOST};
 pub use instances::InstanceRow;
 pub use leases::{CancelRequest, LeaseView};
+pub use retention::PruneSummary;
 
 pub use crate::lifecycle::{
     Claim, ClaimRequest, Fence, Finish, RetryUpdate, SkipRequest, SkippedOccurrence,

@@ -28,6 +28,7 @@ use crate::actors::lease::{LeaseActor, LeaseArgs};
 use crate::actors::master::{MasterActor, MasterArgs};
 use crate::actors::memory_guard::{MemoryGuardActor, MemoryGuardArgs};
 use crate::actors::plan::{PlanActor, PlanArgs};
+use crate::actors::pruner::{PrunerActor, PrunerArgs};
 use crate::actors::refresher::{RefresherActor, RefresherArgs};
 use crate::actors::writer::{WriterActor, WriterArgs};
 use crate::actors::{AskError, ask, ask_within};
@@ -244,6 +245,17 @@ impl SupervisorState {
                     .0
                     .get_cell()
             }
+            ActorKind::Pruner => {
+                let args = PrunerArgs {
+                    config: Arc::clone(&a.config),
+                    clock: a.clock,
+                    store: a.store.clone(),
+                };
+                Actor::spawn_linked(name, PrunerActor, args, supervisor)
+                    .await?
+                    .0
+                    .get_cell()
+            }
             ActorKind::Master => {
                 let args = MasterArgs {
                     config: Arc::clone(&a.config),
@@ -349,6 +361,7 @@ impl SupervisorState {
             Err(e) => warn!("⚠️ Could not write the plan at shutdown: {e}"),
         }
         for kind in [
+            ActorKind::Pruner,
             ActorKind::Master,
             ActorKind::MemoryGuard,
             ActorKind::Plan,
@@ -365,10 +378,11 @@ impl SupervisorState {
         let directory = &self.args.directory;
         let plan = directory.plan().ok_or(AskError::NotRunning)?;
         let writer = directory.writer().ok_or(AskError::NotRunning)?;
-        let snapshot = ask(&plan, PlanMsg::Snapshot).await?;
-        writer
-            .cast(WriterMsg::Enqueue(Arc::new(snapshot)))
-            .map_err(|_| AskError::NotRunning)?;
+        // Through the plan actor, so the snapshot queues behind the journal
+        // writes it already sent.
+        if !ask(&plan, PlanMsg::SnapshotToWriter).await? {
+            return Err(AskError::NotRunning);
+        }
         let stats = ask(&writer, WriterMsg::Drain).await?;
         match stats.last_error {
             Some(reason) if stats.write_queue_size > 0 => {

@@ -59,6 +59,15 @@ impl Api {
         }
     }
 
+    /// The API of a `ruled serve` child process listening on `addr`.
+    pub fn at(addr: std::net::SocketAddr, token: Option<&str>) -> Api {
+        Api {
+            base: format!("http://{addr}"),
+            client: client(),
+            token: token.map(str::to_string),
+        }
+    }
+
     pub fn without_token(&self) -> Api {
         Api {
             base: self.base.clone(),

@@ -445,17 +445,6 @@ impl Element {
         value.as_str().unwrap_or_default().to_string()
     }
 
-    pub async fn attribute(&self, name: &str) -> Option<String> {
-        let value = self
-            .call(reqwest::Method::GET, &format!("/attribute/{name}"), None)
-            .await;
-        value.as_str().map(str::to_string)
-    }
-
-    pub async fn is_enabled(&self) -> bool {
-        self.call(reqwest::Method::GET, "/enabled", None).await == Value::Bool(true)
-    }
-
     pub async fn send_keys(&self, text: &str) {
         self.call(
             reqwest::Method::POST,

@@ -240,6 +240,17 @@ pub fn with_database(url: &str, name: &str) -> String {
     }
 }
 
+/// Every execution in the table, whatever its status.
+pub async fn execution_count(store: &Store) -> i64 {
+    store
+        .count_executions_by_status()
+        .await
+        .unwrap()
+        .iter()
+        .map(|(_, n)| n)
+        .sum()
+}
+
 /// Polls `condition` every 20 ms until it returns true; panics naming
 /// `what` if it has not after `deadline`.
 ///

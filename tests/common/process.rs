@@ -56,12 +56,14 @@ impl Install {
 
     /// Starts `ruled serve` with stderr going to `log_name`.
     pub fn serve(&self, log_name: &str) -> Child {
+        self.spawn_logged(&mut self.command(&["serve"]), log_name)
+    }
+
+    /// Starts `command` (from [`Install::command`], with the test's own
+    /// arguments and settings) with stderr going to `log_name`.
+    pub fn spawn_logged(&self, command: &mut Command, log_name: &str) -> Child {
         let log = std::fs::File::create(self.path(log_name)).unwrap();
-        self.command(&["serve"])
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap()
+        command.stdout(Stdio::null()).stderr(log).spawn().unwrap()
     }
 
     pub fn log(&self, log_name: &str) -> String {
