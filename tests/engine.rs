@@ -8,12 +8,13 @@ use std::time::Duration;
 
 use common::rules::{Step, YEARLY, insert_rule, step};
 use common::service::{RunningService, start_service_with, without_delays};
-use common::{TestDb, eventually};
+use common::{TestDb, eventually, sqlite_db};
 use ruled::actors::ask;
 use ruled::config::Config;
 use ruled::messages::MasterMsg;
 use ruled::messages::master::CancelOutcome;
 use ruled::model::{Execution, ExecutionStatus, Millis};
+use ruled::persist::read_plan_file;
 use ruled::service::Service;
 use serde_json::json;
 use uuid::Uuid;
@@ -451,3 +452,53 @@ both_backends!(
         running.service.shutdown("test").await.unwrap();
     }
 );
+
+/// A worker hands its slot back once its finish is queued, before the
+/// commit, so the next job's writes share that commit. Shutdown must still
+/// wait for the commit: an action that ran and whose finish was lost would
+/// run again after the restart. The database's write lock, held from
+/// outside, keeps the finish from committing while the shutdown starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_waits_for_a_handed_back_finish_to_commit() {
+    let db = sqlite_db().await;
+    let running = start(&db, |c| c).await;
+    let id = due_now(&running.service, &[step("sleep", json!({"ms": 400}))]).await;
+    wait_for_status(&running.service, id, ExecutionStatus::Running).await;
+    let lock = db.outage().await;
+    eventually(DEADLINE, "the worker handed its slot back", || async {
+        queue_stats(&running.service).await.active_jobs == 0
+    })
+    .await;
+    let plan_file = running.dir.path().join("plan.json");
+    let shutdown = tokio::spawn(running.service.shutdown("test"));
+    // Well inside the batcher's 5 s busy timeout, after which the finish
+    // would go to the outbox and the shutdown could rightly go on.
+    let gave_up_waiting = std::time::Instant::now() + Duration::from_millis(1_500);
+    while std::time::Instant::now() < gave_up_waiting {
+        assert!(
+            !shutdown.is_finished(),
+            "the shutdown returned while a finish was still committing"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    lock.restore().await;
+    shutdown.await.unwrap().unwrap();
+    let store = db.store().await;
+    let runs = store.executions_for(id).await.unwrap();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    assert_eq!(runs[0].status, ExecutionStatus::Completed, "{runs:?}");
+    assert!(runs[0].finished_at.is_some(), "{runs:?}");
+    // The plan saved at the exit took the finish in too: it was not cut
+    // off while it waited for the commit.
+    let data = store.load_plan_data(10_000).await.unwrap();
+    let next_run = data
+        .branch_rules
+        .iter()
+        .find(|r| r.id == id)
+        .unwrap()
+        .next_run_time;
+    let saved = read_plan_file(&plan_file).unwrap().unwrap();
+    let workflow = saved.workflows.iter().find(|w| w.id() == id).unwrap();
+    assert_eq!(workflow.branch_rule.next_run_time, next_run);
+    assert!(!workflow.branch_rule.is_currently_running);
+}

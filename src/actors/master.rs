@@ -5,7 +5,7 @@
 //! plan, a plan change, a free worker, and MASTER_FETCH_INTERVAL_SECONDS,
 //! so a rule starts within milliseconds of its due time.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -66,6 +66,10 @@ pub struct MasterState {
     pool: WorkerPool<ActorId, ActorRef<WorkerMsg>, Box<Job>>,
     /// Rules whose claims are in flight: not fetched again meanwhile.
     claiming: HashSet<Uuid>,
+    /// Workers that handed their slot back with their finish still queued,
+    /// and the rule each one ran: the plan keeps the rule running, and a
+    /// drain waits, until the finish is recorded.
+    recording: HashMap<ActorId, Uuid>,
     tick_generation: u64,
     next_tick_at: Option<Millis>,
     started: bool,
@@ -116,6 +120,7 @@ impl Actor for MasterActor {
             args,
             pool,
             claiming: HashSet::new(),
+            recording: HashMap::new(),
             tick_generation: 0,
             next_tick_at: None,
             started: false,
@@ -165,6 +170,7 @@ impl Actor for MasterActor {
                 state.publish_gauges();
             }
             MasterMsg::SpawnWorker => state.spawn_worker(&myself).await,
+            MasterMsg::JobHandedBack(report) => state.job_handed_back(&myself, report).await,
             MasterMsg::JobFinished(report) => state.job_finished(&myself, report),
             MasterMsg::Cancel {
                 execution_id,
@@ -674,21 +680,59 @@ impl MasterState {
         }
     }
 
+    /// The worker's finish is queued: its slot takes the next job now. In
+    /// single-job mode the worker stops once the commit answers, so its
+    /// replacement starts here rather than then.
+    async fn job_handed_back(&mut self, myself: &ActorRef<MasterMsg>, report: JobReport) {
+        if !self.pool.is_busy(report.worker) {
+            // Its stop overtook this message and settled the job already.
+            return;
+        }
+        self.recording.insert(report.worker, report.branch_rule_id);
+        self.free_slot(myself, report.worker, report.branch_rule_id);
+        if self.args.config.worker_single_job_mode && self.pool.retire(report.worker) {
+            self.replace_worker(myself).await;
+        }
+    }
+
     fn job_finished(&mut self, myself: &ActorRef<MasterMsg>, report: JobReport) {
-        self.settle(myself, report.worker, report.branch_rule_id);
+        if self.recording.remove(&report.worker).is_some() {
+            self.finish_recorded(report.branch_rule_id);
+        } else {
+            self.settle(myself, report.worker, report.branch_rule_id);
+        }
+    }
+
+    /// A handed-back job's finish has its answer from the database (or
+    /// waits in the outbox): the rule's run is over here.
+    fn finish_recorded(&mut self, branch_rule_id: Uuid) {
+        self.run_ended(branch_rule_id);
+        self.finish_drain_if_done();
+        self.publish_gauges();
     }
 
     /// Bookkeeping once a worker's job is recorded. Idempotent: a worker
     /// that stops after its job reports twice (its message and its
     /// termination), in either order.
     fn settle(&mut self, myself: &ActorRef<MasterMsg>, worker: ActorId, branch_rule_id: Uuid) {
+        if self.free_slot(myself, worker, branch_rule_id) {
+            self.run_ended(branch_rule_id);
+        }
+    }
+
+    /// The job leaves the worker's slot; `false` when it had left already.
+    fn free_slot(
+        &mut self,
+        myself: &ActorRef<MasterMsg>,
+        worker: ActorId,
+        branch_rule_id: Uuid,
+    ) -> bool {
         let Some((_, handed_over_at)) = self.pool.job_done(worker) else {
-            return;
+            return false;
         };
         let now = self.args.clock.now_ms();
         self.capacity.job_done(now - handed_over_at);
         self.queue.finish(branch_rule_id, now);
-        self.run_ended(branch_rule_id);
         if let Some(drain) = self.drain.as_mut() {
             if drain.deadline_passed {
                 drain.report.cancelled_after_grace += 1;
@@ -701,6 +745,7 @@ impl MasterState {
             self.schedule_tick(myself, Duration::ZERO);
         }
         self.publish_gauges();
+        true
     }
 
     /// A worker stopped. A normal stop comes after its job was recorded
@@ -715,6 +760,15 @@ impl MasterState {
         id: ActorId,
         failure: Option<String>,
     ) {
+        if let Some(branch_rule_id) = self.recording.remove(&id) {
+            // It stopped with its finish queued (a normal stop overtaking
+            // its JobFinished, or a failure while it waited): the finish
+            // commits without it.
+            if let Some(reason) = &failure {
+                error!(%branch_rule_id, "💥 Worker failed while its finish was committing: {reason}");
+            }
+            self.finish_recorded(branch_rule_id);
+        }
         let Some(job) = self.pool.gone(id) else {
             return;
         };
@@ -733,18 +787,24 @@ impl MasterState {
             (Some(reason), None) => error!("💥 Idle worker failed: {reason}"),
             (None, None) => {}
         }
-        if self.drain.is_none() {
-            let cooldown = self.args.config.worker_cooldown;
-            if cooldown.is_zero() {
-                // A zero-length timer still waits for the timer wheel's next
-                // millisecond, idling this worker slot for that long after
-                // every job.
-                self.spawn_worker(myself).await;
-            } else {
-                myself.send_after(cooldown, || MasterMsg::SpawnWorker);
-            }
-        }
+        self.replace_worker(myself).await;
         self.publish_gauges();
+    }
+
+    /// A fresh worker for a slot left free, after the cooldown.
+    async fn replace_worker(&mut self, myself: &ActorRef<MasterMsg>) {
+        if self.drain.is_some() {
+            return;
+        }
+        let cooldown = self.args.config.worker_cooldown;
+        if cooldown.is_zero() {
+            // A zero-length timer still waits for the timer wheel's next
+            // millisecond, idling this worker slot for that long after
+            // every job.
+            self.spawn_worker(myself).await;
+        } else {
+            myself.send_after(cooldown, || MasterMsg::SpawnWorker);
+        }
     }
 
     /// Records a job whose worker died as Failed, acting for the worker
@@ -1037,7 +1097,7 @@ impl MasterState {
         let Some(drain) = self.drain.as_mut() else {
             return;
         };
-        if self.pool.busy_len() > 0 || !self.claiming.is_empty() {
+        if self.pool.busy_len() > 0 || !self.claiming.is_empty() || !self.recording.is_empty() {
             return;
         }
         if let Some(reply) = drain.reply.take() {

@@ -22,7 +22,7 @@ use crate::messages::PlanMsg;
 use crate::metrics as m;
 use crate::model::Millis;
 use crate::plan::OutboxEntry;
-use crate::store::{BatchError, TransitionBatcher};
+use crate::store::{BatchError, PendingTransition, TransitionBatcher};
 
 /// How long one actor waits for another's reply before giving up. Generous,
 /// because a merge of a million workflows takes a while, yet bounded so a
@@ -81,8 +81,21 @@ pub(crate) async fn record_finish(
     finish: Finish,
     now: Millis,
 ) -> Recorded {
+    let pending = batcher.queue_finish(fence, &finish).await;
+    finish_recorded(pending, directory, fence, finish, now).await
+}
+
+/// The second half of [`record_finish`], for a caller that queued the
+/// finish itself and had something to do before its commit.
+pub(crate) async fn finish_recorded(
+    pending: PendingTransition,
+    directory: &Directory,
+    fence: &Fence,
+    finish: Finish,
+    now: Millis,
+) -> Recorded {
     let plan = directory.plan();
-    match batcher.finish(fence, &finish).await {
+    match pending.finished().await {
         Ok(Some(row)) => {
             if let Some(plan) = plan {
                 let _ = plan.cast(PlanMsg::PostProcessed(row));

@@ -12,7 +12,7 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use crate::actions::{ActionCall, ActionError, ActionRegistry};
-use crate::actors::{Recorded, record_finish};
+use crate::actors::{Recorded, finish_recorded, record_finish};
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::directory::Directory;
@@ -455,7 +455,18 @@ impl WorkerState {
             return;
         }
         let finish_skipped = finish.skipped.clone();
-        match record_finish(&args.batcher, &args.directory, &job.fence, finish, now).await {
+        // The slot is handed back as soon as the finish is queued: the next
+        // job's Scheduled and Running writes then share its commit, instead
+        // of each job waiting for two commits in turn. This actor lives on
+        // until the commit answers, and the master's drain waits for it, so
+        // shutdown still records every finish an action earned.
+        let pending = args.batcher.queue_finish(&job.fence, &finish).await;
+        let _ = args.master.cast(MasterMsg::JobHandedBack(job_report(
+            self.id,
+            &job,
+            outcome.status,
+        )));
+        match finish_recorded(pending, &args.directory, &job.fence, finish, now).await {
             Recorded::Landed => {
                 record_decision(&job, &finish_skipped, retry);
             }
@@ -480,12 +491,19 @@ impl WorkerState {
     }
 
     fn report(&self, job: &Job, status: ExecutionStatus) {
-        let _ = self.args.master.cast(MasterMsg::JobFinished(JobReport {
-            worker: self.id,
-            branch_rule_id: job.branch_rule_id(),
-            execution_id: job.execution_id(),
-            status,
-        }));
+        let _ = self
+            .args
+            .master
+            .cast(MasterMsg::JobFinished(job_report(self.id, job, status)));
+    }
+}
+
+fn job_report(worker: ActorId, job: &Job, status: ExecutionStatus) -> JobReport {
+    JobReport {
+        worker,
+        branch_rule_id: job.branch_rule_id(),
+        execution_id: job.execution_id(),
+        status,
     }
 }
 

@@ -28,7 +28,11 @@ pub enum MasterMsg {
     PlanChanged,
     /// Start one worker actor (at start-up, staggered; after a cooldown).
     SpawnWorker,
-    /// A worker finished its job and recorded it.
+    /// A worker's actions ended and its finish is queued behind a commit:
+    /// its slot is free now, so the next job's Scheduled and Running writes
+    /// can share that commit. `JobFinished` follows once it is recorded.
+    JobHandedBack(JobReport),
+    /// A worker finished its job and recorded it (or had nothing to record).
     JobFinished(JobReport),
     /// Cancels an execution: before the handoff the master records it
     /// Cancelled; after it, the worker is told to cancel.

@@ -77,6 +77,19 @@ impl<K: Copy + Eq + Hash, W, J> WorkerPool<K, W, J> {
         Some(done)
     }
 
+    /// Whether the worker runs a job.
+    pub fn is_busy(&self, key: K) -> bool {
+        self.busy.contains_key(&key)
+    }
+
+    /// A worker that will stop by itself once its last write commits:
+    /// its slot is free now. `false` when it was not alive. A busy worker
+    /// stays busy until [`WorkerPool::job_done`].
+    pub fn retire(&mut self, key: K) -> bool {
+        self.idle.retain(|idle| *idle != key);
+        self.alive.remove(&key).is_some()
+    }
+
     /// The worker stopped. `None` when it was not known (a second report);
     /// else whether it held a job, which stays busy until
     /// [`WorkerPool::job_done`] so the caller can record it first.
@@ -133,6 +146,25 @@ mod tests {
         assert_eq!(pool.gone(1), Some(None));
         assert_eq!(pool.gone(1), None);
         assert!(pool.has_room());
+    }
+
+    #[test]
+    fn a_retired_worker_frees_its_slot_before_it_stops() {
+        let mut pool: WorkerPool<u32, &str, &str> = WorkerPool::new(1, false);
+        pool.started(1, "w1");
+        let (key, _) = pool.take_idle().unwrap();
+        pool.assign(key, "job", 3);
+        assert!(pool.is_busy(1));
+        assert_eq!(pool.job_done(1), Some(("job", 3)));
+        assert!(!pool.is_busy(1));
+        assert!(pool.retire(1));
+        assert!(pool.has_room(), "its replacement may start");
+        assert!(!pool.retire(1));
+        pool.started(2, "w2");
+        assert!(!pool.has_room());
+        // Its stop, when its write has committed, is not news.
+        assert_eq!(pool.gone(1), None);
+        assert_eq!(pool.take_idle().map(|(k, _)| k), Some(2));
     }
 
     #[test]

@@ -163,14 +163,17 @@ impl TransitionBatcher {
         fence: &Fence,
         finish: &Finish,
     ) -> Result<Option<BranchRule>, BatchError> {
+        self.queue_finish(fence, finish).await.finished().await
+    }
+
+    /// [`TransitionBatcher::finish`] without waiting for the commit; see
+    /// [`PendingTransition::finished`].
+    pub async fn queue_finish(&self, fence: &Fence, finish: &Finish) -> PendingTransition {
         let transition = Transition::Finish {
             fence: fence.clone(),
             finish: finish.clone(),
         };
-        match self.submit(transition).await? {
-            TransitionOutcome::Finished(row) => Ok(row),
-            other => unreachable!("finish answered with {other:?}"),
-        }
+        self.enqueue(transition).await
     }
 
     async fn applied(&self, transition: Transition) -> Result<bool, BatchError> {
@@ -190,6 +193,15 @@ impl PendingTransition {
         self.answer
             .await
             .unwrap_or_else(|_| Err(Arc::new(closed())))
+    }
+
+    /// The outcome of a Finish: the branch rule's row after it, `None`
+    /// when the fence no longer matched.
+    pub async fn finished(self) -> Result<Option<BranchRule>, BatchError> {
+        match self.outcome().await? {
+            TransitionOutcome::Finished(row) => Ok(row),
+            other => unreachable!("finish answered with {other:?}"),
+        }
     }
 
     /// The outcome of a Scheduled, Running or RenewLock transition.

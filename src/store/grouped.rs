@@ -10,8 +10,10 @@
 //! gives it.
 //!
 //! Statements are built from fixed text and placeholders only; every value
-//! is bound. Chunk sizes are powers of two so each connection's statement
-//! cache holds a handful of shapes, not one per batch size.
+//! is bound. SQLite reads the rows from `VALUES` with a placeholder a value,
+//! in chunks of power-of-two sizes so each connection's statement cache
+//! holds a handful of shapes; PostgreSQL reads them from one array a column
+//! (`UNNEST`), one prepared statement a kind whatever the batch size.
 
 use std::collections::{HashMap, HashSet};
 
@@ -34,9 +36,30 @@ use crate::model::{BranchRule, Millis};
 
 pub(super) type ItemResult = Result<TransitionOutcome, StoreError>;
 
-/// Largest number of rows one statement carries (at most 9 parameters a
-/// row, far below either backend's limit).
-const MAX_CHUNK: usize = 64;
+/// How a backend cuts a round into statements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Chunking {
+    /// Placeholders a value (`VALUES`): the text changes with the row
+    /// count, so chunk sizes are powers of two up to `max`, and each
+    /// connection's statement cache holds a handful of shapes.
+    PowersOfTwo { max: usize },
+    /// Placeholders a column (`UNNEST` of arrays): one text whatever the
+    /// row count, so a round goes in as few statements as `max` allows.
+    Whole { max: usize },
+}
+
+/// The rows of one set-based statement, row after row, `columns` values
+/// each: the table `v` its text reads from.
+pub(super) struct Table {
+    binds: Vec<Bind>,
+    columns: usize,
+}
+
+impl Table {
+    fn rows(&self) -> usize {
+        self.binds.len() / self.columns
+    }
+}
 
 /// The branch rule a transition touches; transitions of different branch
 /// rules never touch the same row.
@@ -68,12 +91,15 @@ pub(super) fn rounds(transitions: &[&Transition]) -> Vec<Vec<usize>> {
     rounds
 }
 
-/// `indices` cut into chunks of power-of-two sizes, largest first.
-pub(super) fn chunks(indices: &[usize]) -> Vec<&[usize]> {
+/// `indices` cut into chunks as `chunking` says, largest first.
+pub(super) fn chunks(indices: &[usize], chunking: Chunking) -> Vec<&[usize]> {
     let mut out = Vec::new();
     let mut rest = indices;
     while !rest.is_empty() {
-        let size = MAX_CHUNK.min(1 << rest.len().ilog2());
+        let size = match chunking {
+            Chunking::PowersOfTwo { max } => max.min(1 << rest.len().ilog2()),
+            Chunking::Whole { max } => max.min(rest.len()),
+        };
         let (chunk, tail) = rest.split_at(size);
         out.push(chunk);
         rest = tail;
@@ -104,9 +130,9 @@ fn values(rows: usize, columns: usize) -> String {
 /// Requested → Scheduled or Scheduled → Running; `stamp` is the column
 /// set to `now`, while the execution's own owner and epoch tie it to the
 /// claim and the branch rule's tie the claim to the present.
-fn mark_sql(from: &str, to: &str, stamp: &str, rows: usize) -> String {
+fn mark_sql(from: &str, to: &str, stamp: &str, v: &str) -> String {
     format!(
-        "WITH v(id, br, holder, epoch, now) AS (VALUES {}) \
+        "WITH v(id, br, holder, epoch, now) AS ({v}) \
          UPDATE executions SET status = '{to}', {stamp} = v.now, updated_at = v.now FROM v \
          WHERE executions.id = v.id AND executions.branch_rule_id = v.br \
          AND executions.owner = v.holder AND executions.lock_epoch = v.epoch \
@@ -114,17 +140,15 @@ fn mark_sql(from: &str, to: &str, stamp: &str, rows: usize) -> String {
          AND EXISTS (SELECT 1 FROM branch_rules b \
          WHERE b.id = v.br AND b.lock_holder = v.holder AND b.lock_epoch = v.epoch) \
          RETURNING executions.id",
-        values(rows, 5)
     )
 }
 
-fn renew_sql(rows: usize) -> String {
+fn renew_sql(v: &str) -> String {
     format!(
-        "WITH v(br, holder, epoch, now) AS (VALUES {}) \
+        "WITH v(br, holder, epoch, now) AS ({v}) \
          UPDATE branch_rules SET lock_time = v.now, {} FROM v \
          WHERE branch_rules.id = v.br AND branch_rules.lock_holder = v.holder \
          AND branch_rules.lock_epoch = v.epoch RETURNING branch_rules.id",
-        values(rows, 4),
         touch_branch_rule!("v.now")
     )
 }
@@ -136,9 +160,9 @@ fn renew_sql(rows: usize) -> String {
 /// transaction holds are skipped rather than waited for. RETURNING gives
 /// the row after the claim (its due time, its new epoch) without a second
 /// read; `touch_branch_rule!` is what makes it exact on SQLite too.
-fn claim_sql(rows: usize, row_lock: &str) -> String {
+fn claim_sql(v: &str, row_lock: &str) -> String {
     format!(
-        "WITH v(br, holder, now, timeout, run_now) AS (VALUES {}), \
+        "WITH v(br, holder, now, timeout, run_now) AS ({v}), \
          c AS (SELECT b.id AS cid FROM branch_rules b JOIN v ON b.id = v.br \
          WHERE b.is_active AND NOT b.is_archived AND NOT b.is_force_stopped \
          AND (v.run_now OR b.next_run_time <= v.now) \
@@ -148,7 +172,6 @@ fn claim_sql(rows: usize, row_lock: &str) -> String {
          lock_epoch = lock_epoch + 1, is_currently_running = TRUE, {} FROM v, c \
          WHERE branch_rules.id = c.cid AND v.br = c.cid \
          RETURNING {}",
-        values(rows, 5),
         touch_branch_rule!("v.now"),
         branch_rule_columns!()
     )
@@ -157,26 +180,24 @@ fn claim_sql(rows: usize, row_lock: &str) -> String {
 /// The claims of a chunk that would take a lock from its holder (held,
 /// but older than the timeout): the taker closes what that holder left
 /// open. Rare, so a cheap look by primary key first.
-fn expired_locks_sql(rows: usize) -> String {
+fn expired_locks_sql(v: &str) -> String {
     format!(
-        "WITH v(br, now, timeout) AS (VALUES {}) \
+        "WITH v(br, now, timeout) AS ({v}) \
          SELECT b.id AS id, b.lock_holder AS previous_holder FROM branch_rules b JOIN v ON b.id = v.br \
          WHERE b.lock_holder IS NOT NULL AND (b.lock_time IS NULL OR b.lock_time < v.now - v.timeout)",
-        values(rows, 3)
     )
 }
 
 /// The attempt a lost lock left open is Failed by the instance that takes
 /// the occurrence over: no execution stays open, and the reason says who
 /// took it.
-fn close_taken_over_sql(rows: usize) -> String {
+fn close_taken_over_sql(v: &str) -> String {
     format!(
-        "WITH v(br, previous, now, taker) AS (VALUES {}) \
+        "WITH v(br, previous, now, taker) AS ({v}) \
          UPDATE executions SET status = 'failed', finished_at = v.now, updated_at = v.now, \
          error = 'lock_lost: the claim of ' || v.previous || ' expired; taken over by ' || v.taker \
          FROM v WHERE executions.owner = v.previous AND executions.branch_rule_id = v.br \
          AND executions.{} AND executions.status IN {} RETURNING executions.id",
-        values(rows, 4),
         open_execution!(),
         open_statuses!()
     )
@@ -186,16 +207,15 @@ fn close_taken_over_sql(rows: usize) -> String {
 /// lock, so max(attempt) + 1 cannot race (the unique key backs that up);
 /// one round holds one claim per branch rule, so the attempts computed in
 /// one statement cannot collide.
-fn insert_sql(rows: usize) -> String {
+fn insert_sql(v: &str) -> String {
     format!(
-        "WITH v(id, br, sf, holder, epoch, now) AS (VALUES {}) \
+        "WITH v(id, br, sf, holder, epoch, now) AS ({v}) \
          INSERT INTO executions (id, branch_rule_id, scheduled_for, status, attempt, owner, \
          lock_epoch, requested_at, created_at, updated_at) \
          SELECT v.id, v.br, v.sf, 'requested', \
          (SELECT COALESCE(MAX(e.attempt), 0) + 1 FROM executions e \
          WHERE e.branch_rule_id = v.br AND e.scheduled_for = v.sf), \
          v.holder, v.epoch, v.now, v.now, v.now FROM v RETURNING {}",
-        values(rows, 6),
         execution_columns!()
     )
 }
@@ -205,9 +225,9 @@ fn insert_sql(rows: usize) -> String {
 /// ends, and the execution update after it needs no further fence. The
 /// pending retry is set as the finish's [`RetryUpdate`] says: `r_keep`
 /// leaves it, otherwise it becomes `r_of` / `r_failed` (NULL / 0 to clear).
-fn release_sql(rows: usize) -> String {
+fn release_sql(v: &str) -> String {
     format!(
-        "WITH v(br, holder, epoch, advance, fin, nrt, r_keep, r_of, r_failed, n_clear) AS (VALUES {}) \
+        "WITH v(br, holder, epoch, advance, fin, nrt, r_keep, r_of, r_failed, n_clear) AS ({v}) \
          UPDATE branch_rules SET \
          last_run_time = CASE WHEN v.advance THEN v.fin ELSE last_run_time END, \
          next_run_time = CASE WHEN v.n_clear THEN NULL ELSE COALESCE(v.nrt, next_run_time) END, \
@@ -216,7 +236,6 @@ fn release_sql(rows: usize) -> String {
          is_currently_running = FALSE, lock_holder = NULL, lock_time = NULL, {} FROM v \
          WHERE branch_rules.id = v.br AND branch_rules.lock_holder = v.holder \
          AND branch_rules.lock_epoch = v.epoch RETURNING {}",
-        values(rows, 10),
         touch_branch_rule!("v.fin"),
         branch_rule_columns!()
     )
@@ -225,15 +244,14 @@ fn release_sql(rows: usize) -> String {
 /// The execution to its terminal state, for executions whose branch rule
 /// was just released in this transaction. 0 rows means it was already
 /// terminal (a cancel through the API): terminal states are final.
-fn finish_sql(rows: usize) -> String {
+fn finish_sql(v: &str) -> String {
     format!(
-        "WITH v(id, br, holder, epoch, o_status, o_at, o_error, o_output) AS (VALUES {}) \
+        "WITH v(id, br, holder, epoch, o_status, o_at, o_error, o_output) AS ({v}) \
          UPDATE executions SET status = v.o_status, finished_at = v.o_at, error = v.o_error, \
          output = v.o_output, updated_at = v.o_at FROM v \
          WHERE executions.id = v.id AND executions.branch_rule_id = v.br \
          AND executions.owner = v.holder AND executions.lock_epoch = v.epoch \
          AND executions.status IN {}",
-        values(rows, 8),
         open_statuses!()
     )
 }
@@ -243,9 +261,9 @@ fn finish_sql(rows: usize) -> String {
 /// has a skipped one: a redelivered finish or a repeated skip records it
 /// once. The caller holds the branch rule (its fence, or the compare-and-set
 /// of [`SKIP_SQL`]) and gives at most one row per occurrence.
-fn skipped_sql(rows: usize) -> String {
+fn skipped_sql(v: &str) -> String {
     format!(
-        "WITH v(id, br, sf, holder, epoch, at, err) AS (VALUES {}) \
+        "WITH v(id, br, sf, holder, epoch, at, err) AS ({v}) \
          INSERT INTO executions (id, branch_rule_id, scheduled_for, status, attempt, owner, \
          lock_epoch, requested_at, finished_at, error, created_at, updated_at) \
          SELECT v.id, v.br, v.sf, 'skipped', \
@@ -254,7 +272,6 @@ fn skipped_sql(rows: usize) -> String {
          v.holder, v.epoch, v.at, v.at, v.err, v.at, v.at FROM v \
          WHERE NOT EXISTS (SELECT 1 FROM executions e WHERE e.branch_rule_id = v.br \
          AND e.scheduled_for = v.sf AND e.status = 'skipped')",
-        values(rows, 7)
     )
 }
 
@@ -308,7 +325,7 @@ fn skip_rows(
 /// Inserts the skipped executions, a chunk to a statement.
 async fn insert_skipped<C: GroupedConn>(conn: &mut C, rows: &[SkipRow]) -> Result<(), StoreError> {
     let indices: Vec<usize> = (0..rows.len()).collect();
-    for part in chunks(&indices) {
+    for part in chunks(&indices, C::CHUNKING) {
         let mut binds = Vec::with_capacity(part.len() * 7);
         for &index in part {
             let row = &rows[index];
@@ -322,7 +339,9 @@ async fn insert_skipped<C: GroupedConn>(conn: &mut C, rows: &[SkipRow]) -> Resul
                 Bind::OptText(row.error.clone()),
             ]);
         }
-        conn.fetch("insert skipped executions", skipped_sql(part.len()), binds)
+        let table = Table { binds, columns: 7 };
+        let sql = skipped_sql(&C::rows_of(&table));
+        conn.fetch_table("insert skipped executions", sql, table)
             .await?;
     }
     Ok(())
@@ -420,12 +439,29 @@ pub(super) trait GroupedConn {
     /// wait on each other, let alone deadlock); SQLite has one writer.
     const CLAIM_ROW_LOCK: &'static str;
 
+    const CHUNKING: Chunking = Chunking::PowersOfTwo { max: 64 };
+
     async fn fetch(
         &mut self,
         op: &'static str,
         sql: String,
         binds: Vec<Bind>,
     ) -> Result<Vec<Self::Row>, StoreError>;
+
+    /// The text of `table` as the rows of a `WITH v(…) AS (…)`.
+    fn rows_of(table: &Table) -> String {
+        format!("VALUES {}", values(table.rows(), table.columns))
+    }
+
+    /// Runs `sql`, which reads `table` through [`GroupedConn::rows_of`].
+    async fn fetch_table(
+        &mut self,
+        op: &'static str,
+        sql: String,
+        table: Table,
+    ) -> Result<Vec<Self::Row>, StoreError> {
+        self.fetch(op, sql, table.binds).await
+    }
 }
 
 /// sqlx's own connections: the one-transition path (`claims`) on both
@@ -452,11 +488,97 @@ macro_rules! sqlx_grouped_conn {
 }
 
 sqlx_grouped_conn!(sqlx::SqliteConnection, sqlx::sqlite::SqliteRow, "");
-sqlx_grouped_conn!(
-    sqlx::PgConnection,
-    sqlx::postgres::PgRow,
-    " FOR UPDATE OF b SKIP LOCKED"
-);
+
+/// PostgreSQL reads a statement's rows from one array a column
+/// (`UNNEST`): the text is the same for any number of rows, so each kind
+/// of transition is prepared once per connection and a whole round goes in
+/// one statement, where `VALUES` took a statement a power of two and a
+/// parse for every new shape.
+impl GroupedConn for sqlx::PgConnection {
+    type Row = sqlx::postgres::PgRow;
+    const CLAIM_ROW_LOCK: &'static str = " FOR UPDATE OF b SKIP LOCKED";
+    const CHUNKING: Chunking = Chunking::Whole { max: 4096 };
+
+    async fn fetch(
+        &mut self,
+        op: &'static str,
+        sql: String,
+        binds: Vec<Bind>,
+    ) -> Result<Vec<Self::Row>, StoreError> {
+        bound_query!(sql, binds)
+            .fetch_all(self)
+            .await
+            .map_err(StoreError::query(op))
+    }
+
+    fn rows_of(table: &Table) -> String {
+        let arrays: Vec<String> = table.binds[..table.columns]
+            .iter()
+            .enumerate()
+            .map(|(column, bind)| format!("${}::{}[]", column + 1, array_type(bind)))
+            .collect();
+        format!("SELECT * FROM UNNEST({})", arrays.join(", "))
+    }
+
+    async fn fetch_table(
+        &mut self,
+        op: &'static str,
+        sql: String,
+        table: Table,
+    ) -> Result<Vec<Self::Row>, StoreError> {
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for column in columns_of(table) {
+            query = match column {
+                Column::Texts(values) => query.bind(values),
+                Column::Ints(values) => query.bind(values),
+                Column::Bools(values) => query.bind(values),
+            };
+        }
+        query.fetch_all(self).await.map_err(StoreError::query(op))
+    }
+}
+
+/// PostgreSQL's array type for a column whose first value is `bind`.
+fn array_type(bind: &Bind) -> &'static str {
+    match bind {
+        Bind::Text(_) | Bind::OptText(_) => "text",
+        Bind::Int(_) | Bind::OptInt(_) => "int8",
+        Bind::Bool(_) => "bool",
+    }
+}
+
+/// One column of a [`Table`], as the array PostgreSQL unnests.
+#[derive(Debug, PartialEq)]
+enum Column {
+    Texts(Vec<Option<String>>),
+    Ints(Vec<Option<i64>>),
+    Bools(Vec<bool>),
+}
+
+/// The table's values column by column. Every row has its column's type:
+/// the rows come from one `row_binds` closure.
+fn columns_of(table: Table) -> Vec<Column> {
+    let rows = table.rows();
+    let mut columns: Vec<Column> = table.binds[..table.columns]
+        .iter()
+        .map(|bind| match bind {
+            Bind::Text(_) | Bind::OptText(_) => Column::Texts(Vec::with_capacity(rows)),
+            Bind::Int(_) | Bind::OptInt(_) => Column::Ints(Vec::with_capacity(rows)),
+            Bind::Bool(_) => Column::Bools(Vec::with_capacity(rows)),
+        })
+        .collect();
+    for (index, bind) in table.binds.into_iter().enumerate() {
+        match (&mut columns[index % table.columns], bind) {
+            (Column::Texts(values), Bind::Text(value)) => values.push(Some(value)),
+            (Column::Texts(values), Bind::OptText(value)) => values.push(value),
+            (Column::Ints(values), Bind::Int(value)) => values.push(Some(value)),
+            (Column::Ints(values), Bind::OptInt(value)) => values.push(value),
+            (Column::Bools(values), Bind::Bool(value)) => values.push(value),
+            (column, bind) => unreachable!("a {bind:?} in a column of {column:?}"),
+        }
+    }
+    columns
+}
 
 /// Runs every transition of a batch with set-based statements on one
 /// connection, inside a transaction the caller owns. `Err` means a
@@ -469,21 +591,21 @@ pub(super) async fn apply_grouped<C: GroupedConn>(
     let mut results: Vec<Option<ItemResult>> = transitions.iter().map(|_| None).collect();
     for indices in rounds(transitions) {
         let round = sort_round(transitions, &indices, &mut results);
-        for chunk in chunks(&round.claims) {
+        for chunk in chunks(&round.claims, C::CHUNKING) {
             claim_many(conn, transitions, chunk, &mut results).await?;
         }
-        for chunk in chunks(&round.scheduled) {
-            let sql = mark_sql("requested", "scheduled", "scheduled_at", chunk.len());
-            mark_many(conn, sql, transitions, chunk, &mut results).await?;
+        for chunk in chunks(&round.scheduled, C::CHUNKING) {
+            let step = ("requested", "scheduled", "scheduled_at");
+            mark_many(conn, step, transitions, chunk, &mut results).await?;
         }
-        for chunk in chunks(&round.running) {
-            let sql = mark_sql("scheduled", "running", "started_at", chunk.len());
-            mark_many(conn, sql, transitions, chunk, &mut results).await?;
+        for chunk in chunks(&round.running, C::CHUNKING) {
+            let step = ("scheduled", "running", "started_at");
+            mark_many(conn, step, transitions, chunk, &mut results).await?;
         }
-        for chunk in chunks(&round.renewals) {
+        for chunk in chunks(&round.renewals, C::CHUNKING) {
             renew_many(conn, transitions, chunk, &mut results).await?;
         }
-        for chunk in chunks(&round.finishes) {
+        for chunk in chunks(&round.finishes, C::CHUNKING) {
             finish_many(conn, transitions, chunk, &mut results).await?;
         }
     }
@@ -497,9 +619,9 @@ async fn returned_ids<C: GroupedConn>(
     conn: &mut C,
     op: &'static str,
     sql: String,
-    binds: Vec<Bind>,
+    table: Table,
 ) -> Result<HashSet<String>, StoreError> {
-    let rows = conn.fetch(op, sql, binds).await?;
+    let rows = conn.fetch_table(op, sql, table).await?;
     rows.iter()
         .map(|row| {
             row.text("id")
@@ -515,12 +637,12 @@ fn row_binds<const N: usize>(
     transitions: &[&Transition],
     indices: &[usize],
     row: impl Fn(&Transition) -> [Bind; N],
-) -> Vec<Bind> {
+) -> Table {
     let mut binds = Vec::with_capacity(indices.len() * N);
     for &index in indices {
         binds.extend(row(transitions[index]));
     }
-    binds
+    Table { binds, columns: N }
 }
 
 /// The branch rules a statement returned, by id.
@@ -528,9 +650,9 @@ async fn branch_rules_by_id<C: GroupedConn>(
     conn: &mut C,
     op: &'static str,
     sql: String,
-    binds: Vec<Bind>,
+    table: Table,
 ) -> Result<HashMap<Uuid, BranchRule>, StoreError> {
-    let rows = conn.fetch(op, sql, binds).await?;
+    let rows = conn.fetch_table(op, sql, table).await?;
     let mut by_id = HashMap::with_capacity(rows.len());
     for row in &rows {
         let rule = decode_branch_rule(row)?;
@@ -539,9 +661,10 @@ async fn branch_rules_by_id<C: GroupedConn>(
     Ok(by_id)
 }
 
+/// Scheduled or Running: `(from, to, stamp)` as [`mark_sql`] takes them.
 async fn mark_many<C: GroupedConn>(
     conn: &mut C,
-    sql: String,
+    (from, to, stamp): (&str, &str, &str),
     transitions: &[&Transition],
     chunk: &[usize],
     results: &mut [Option<ItemResult>],
@@ -556,6 +679,7 @@ async fn mark_many<C: GroupedConn>(
             Bind::Int(now),
         ]
     });
+    let sql = mark_sql(from, to, stamp, &C::rows_of(&binds));
     let marked = returned_ids(conn, "mark executions", sql, binds).await?;
     for &index in chunk {
         let (fence, _) = fence_and_now(transitions[index]);
@@ -580,7 +704,7 @@ async fn renew_many<C: GroupedConn>(
             Bind::Int(now),
         ]
     });
-    let sql = renew_sql(chunk.len());
+    let sql = renew_sql(&C::rows_of(&binds));
     let renewed = returned_ids(conn, "renew locks", sql, binds).await?;
     for &index in chunk {
         let (fence, _) = fence_and_now(transitions[index]);
@@ -615,9 +739,9 @@ async fn claim_many<C: GroupedConn>(
         ]
     });
     let expired = conn
-        .fetch(
+        .fetch_table(
             "select expired locks",
-            expired_locks_sql(chunk.len()),
+            expired_locks_sql(&C::rows_of(&expired_binds)),
             expired_binds,
         )
         .await?;
@@ -630,7 +754,7 @@ async fn claim_many<C: GroupedConn>(
         };
         previous_holders.insert(read("id")?, read("previous_holder")?);
     }
-    let sql = claim_sql(chunk.len(), C::CLAIM_ROW_LOCK);
+    let sql = claim_sql(&C::rows_of(&binds), C::CLAIM_ROW_LOCK);
     let mut claimed = branch_rules_by_id(conn, "claim branch_rules", sql, binds).await?;
     let taken_over: Vec<usize> = chunk
         .iter()
@@ -640,7 +764,7 @@ async fn claim_many<C: GroupedConn>(
             claimed.contains_key(&id) && previous_holders.contains_key(&id_text(id))
         })
         .collect();
-    for part in chunks(&taken_over) {
+    for part in chunks(&taken_over, C::CHUNKING) {
         let binds = row_binds(transitions, part, |transition| {
             let req = claim_request(transition);
             [
@@ -651,9 +775,9 @@ async fn claim_many<C: GroupedConn>(
             ]
         });
         let closed = conn
-            .fetch(
+            .fetch_table(
                 "close taken-over executions",
-                close_taken_over_sql(part.len()),
+                close_taken_over_sql(&C::rows_of(&binds)),
                 binds,
             )
             .await?;
@@ -670,7 +794,7 @@ async fn claim_many<C: GroupedConn>(
         .filter(|&index| claimed.contains_key(&claim_request(transitions[index]).branch_rule_id))
         .collect();
     let mut executions = HashMap::with_capacity(won.len());
-    for part in chunks(&won) {
+    for part in chunks(&won, C::CHUNKING) {
         let binds = row_binds(transitions, part, |transition| {
             let req = claim_request(transition);
             let rule = &claimed[&req.branch_rule_id];
@@ -691,9 +815,8 @@ async fn claim_many<C: GroupedConn>(
                 Bind::Int(req.now),
             ]
         });
-        let rows = conn
-            .fetch("insert executions", insert_sql(part.len()), binds)
-            .await?;
+        let sql = insert_sql(&C::rows_of(&binds));
+        let rows = conn.fetch_table("insert executions", sql, binds).await?;
         for row in &rows {
             let execution = decode_execution(row)?;
             executions.insert(execution.id, execution);
@@ -751,13 +874,8 @@ async fn finish_many<C: GroupedConn>(
             Bind::Bool(finish.clear_next_run),
         ]
     });
-    let mut released = branch_rules_by_id(
-        conn,
-        "release branch_rules",
-        release_sql(chunk.len()),
-        binds,
-    )
-    .await?;
+    let sql = release_sql(&C::rows_of(&binds));
+    let mut released = branch_rules_by_id(conn, "release branch_rules", sql, binds).await?;
     // Only executions whose lock was still held: the release above is
     // their fence.
     let owned: Vec<usize> = chunk
@@ -767,7 +885,7 @@ async fn finish_many<C: GroupedConn>(
             released.contains_key(&fence_and_finish(transitions[index]).0.branch_rule_id)
         })
         .collect();
-    for part in chunks(&owned) {
+    for part in chunks(&owned, C::CHUNKING) {
         let binds = row_binds(transitions, part, |transition| {
             let (fence, finish) = fence_and_finish(transition);
             [
@@ -781,8 +899,8 @@ async fn finish_many<C: GroupedConn>(
                 Bind::OptText(output_text(finish.output.as_ref())),
             ]
         });
-        conn.fetch("finish executions", finish_sql(part.len()), binds)
-            .await?;
+        let sql = finish_sql(&C::rows_of(&binds));
+        conn.fetch_table("finish executions", sql, binds).await?;
     }
     // The occurrences these finishes skipped, under the same fences.
     let skips: Vec<SkipRow> = owned
@@ -813,13 +931,54 @@ mod tests {
 
     #[test]
     fn chunks_are_powers_of_two_largest_first() {
+        let chunking = Chunking::PowersOfTwo { max: 64 };
         let indices: Vec<usize> = (0..50).collect();
-        let sizes: Vec<usize> = chunks(&indices).iter().map(|c| c.len()).collect();
+        let sizes: Vec<usize> = chunks(&indices, chunking).iter().map(|c| c.len()).collect();
         assert_eq!(sizes, [32, 16, 2]);
         let indices: Vec<usize> = (0..200).collect();
-        let sizes: Vec<usize> = chunks(&indices).iter().map(|c| c.len()).collect();
+        let sizes: Vec<usize> = chunks(&indices, chunking).iter().map(|c| c.len()).collect();
         assert_eq!(sizes, [64, 64, 64, 8]);
-        assert!(chunks(&[]).is_empty());
+        assert!(chunks(&[], chunking).is_empty());
+    }
+
+    #[test]
+    fn whole_chunks_take_a_round_at_once_up_to_the_bound() {
+        let chunking = Chunking::Whole { max: 64 };
+        let indices: Vec<usize> = (0..200).collect();
+        let sizes: Vec<usize> = chunks(&indices, chunking).iter().map(|c| c.len()).collect();
+        assert_eq!(sizes, [64, 64, 64, 8]);
+        let sizes: Vec<usize> = chunks(&indices[..50], chunking)
+            .iter()
+            .map(|c| c.len())
+            .collect();
+        assert_eq!(sizes, [50]);
+    }
+
+    #[test]
+    fn postgres_reads_a_table_column_by_column() {
+        let table = Table {
+            binds: vec![
+                Bind::Text("a".into()),
+                Bind::OptInt(None),
+                Bind::Bool(true),
+                Bind::Text("b".into()),
+                Bind::OptInt(Some(7)),
+                Bind::Bool(false),
+            ],
+            columns: 3,
+        };
+        assert_eq!(
+            <sqlx::PgConnection as GroupedConn>::rows_of(&table),
+            "SELECT * FROM UNNEST($1::text[], $2::int8[], $3::bool[])"
+        );
+        assert_eq!(
+            columns_of(table),
+            [
+                Column::Texts(vec![Some("a".into()), Some("b".into())]),
+                Column::Ints(vec![None, Some(7)]),
+                Column::Bools(vec![true, false]),
+            ]
+        );
     }
 
     #[test]
