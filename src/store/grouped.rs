@@ -73,15 +73,19 @@ fn branch_rule_of(transition: &Transition) -> Uuid {
     }
 }
 
-/// Splits a batch into rounds holding at most one transition per branch
-/// rule, in arrival order: within a round no two transitions touch the same
-/// row, so they may run in any grouping; rounds run one after another, so
-/// two transitions of one rule (a finish, then a claim) keep their order.
-pub(super) fn rounds(transitions: &[&Transition]) -> Vec<Vec<usize>> {
+/// Splits the `indices` of a batch into rounds holding at most one
+/// transition per branch rule, in arrival order: within a round no two
+/// transitions touch the same row, so they may run in any grouping; rounds
+/// run one after another, so two transitions of one rule (a finish, then a
+/// claim) keep their order.
+pub(super) fn rounds(
+    transitions: &[&Transition],
+    indices: impl Iterator<Item = usize>,
+) -> Vec<Vec<usize>> {
     let mut seen: HashMap<Uuid, usize> = HashMap::new();
     let mut rounds: Vec<Vec<usize>> = Vec::new();
-    for (index, transition) in transitions.iter().enumerate() {
-        let round = seen.entry(branch_rule_of(transition)).or_insert(0);
+    for index in indices {
+        let round = seen.entry(branch_rule_of(transitions[index])).or_insert(0);
         if rounds.len() <= *round {
             rounds.push(Vec::new());
         }
@@ -89,6 +93,30 @@ pub(super) fn rounds(transitions: &[&Transition]) -> Vec<Vec<usize>> {
         *round += 1;
     }
     rounds
+}
+
+/// Each Running that follows its own execution's Scheduled with nothing of
+/// its rule in between (the worker queues it right behind the master's),
+/// by the index of that Scheduled. One update takes the row through both:
+/// the batch commits both or neither, so nobody could see the step
+/// between, and the row is written once instead of twice.
+fn running_after_scheduled(transitions: &[&Transition]) -> HashMap<usize, usize> {
+    let mut last_of_rule: HashMap<Uuid, usize> = HashMap::new();
+    let mut pairs = HashMap::new();
+    for (index, transition) in transitions.iter().enumerate() {
+        let rule = branch_rule_of(transition);
+        if let (Transition::Running { fence, .. }, Some(&before)) =
+            (transition, last_of_rule.get(&rule))
+            && let Transition::Scheduled {
+                fence: scheduled, ..
+            } = transitions[before]
+            && scheduled == fence
+        {
+            pairs.insert(before, index);
+        }
+        last_of_rule.insert(rule, index);
+    }
+    pairs
 }
 
 /// `indices` cut into chunks as `chunking` says, largest first.
@@ -127,13 +155,52 @@ fn values(rows: usize, columns: usize) -> String {
     text
 }
 
-/// Requested → Scheduled or Scheduled → Running; `stamp` is the column
-/// set to `now`, while the execution's own owner and epoch tie it to the
-/// claim and the branch rule's tie the claim to the present.
-fn mark_sql(from: &str, to: &str, stamp: &str, v: &str) -> String {
+/// A step of an execution's lifecycle [`mark_sql`] writes: from one status
+/// to the next, with the times `v` carries after the fence and the columns
+/// set from them.
+pub(super) struct Step {
+    from: &'static str,
+    to: &'static str,
+    times: &'static str,
+    sets: &'static str,
+}
+
+const SCHEDULED: Step = Step {
+    from: "requested",
+    to: "scheduled",
+    times: "now",
+    sets: "scheduled_at = v.now, updated_at = v.now",
+};
+
+const RUNNING: Step = Step {
+    from: "scheduled",
+    to: "running",
+    times: "now",
+    sets: "started_at = v.now, updated_at = v.now",
+};
+
+/// A Scheduled and the Running right behind it in one batch, as one write
+/// of the row: see [`running_after_scheduled`].
+const SCHEDULED_AND_RUNNING: Step = Step {
+    from: "requested",
+    to: "running",
+    times: "s_now, r_now",
+    sets: "scheduled_at = v.s_now, started_at = v.r_now, updated_at = v.r_now",
+};
+
+/// Requested → Scheduled, Scheduled → Running, or both at once, as `step`
+/// says; the execution's own owner and epoch tie it to the claim and the
+/// branch rule's tie the claim to the present.
+fn mark_sql(step: &Step, v: &str) -> String {
+    let Step {
+        from,
+        to,
+        times,
+        sets,
+    } = step;
     format!(
-        "WITH v(id, br, holder, epoch, now) AS ({v}) \
-         UPDATE executions SET status = '{to}', {stamp} = v.now, updated_at = v.now FROM v \
+        "WITH v(id, br, holder, epoch, {times}) AS ({v}) \
+         UPDATE executions SET status = '{to}', {sets} FROM v \
          WHERE executions.id = v.id AND executions.branch_rule_id = v.br \
          AND executions.owner = v.holder AND executions.lock_epoch = v.epoch \
          AND executions.status = '{from}' \
@@ -589,18 +656,26 @@ pub(super) async fn apply_grouped<C: GroupedConn>(
     transitions: &[&Transition],
 ) -> Result<Vec<ItemResult>, StoreError> {
     let mut results: Vec<Option<ItemResult>> = transitions.iter().map(|_| None).collect();
-    for indices in rounds(transitions) {
+    let then_running = running_after_scheduled(transitions);
+    let joined: HashSet<usize> = then_running.values().copied().collect();
+    let alone = (0..transitions.len()).filter(|index| !joined.contains(index));
+    for indices in rounds(transitions, alone) {
         let round = sort_round(transitions, &indices, &mut results);
         for chunk in chunks(&round.claims, C::CHUNKING) {
             claim_many(conn, transitions, chunk, &mut results).await?;
         }
-        for chunk in chunks(&round.scheduled, C::CHUNKING) {
-            let step = ("requested", "scheduled", "scheduled_at");
-            mark_many(conn, step, transitions, chunk, &mut results).await?;
+        let (paired, alone): (Vec<usize>, Vec<usize>) = round
+            .scheduled
+            .iter()
+            .partition(|index| then_running.contains_key(index));
+        for chunk in chunks(&alone, C::CHUNKING) {
+            mark_many(conn, &SCHEDULED, transitions, chunk, &mut results).await?;
+        }
+        for chunk in chunks(&paired, C::CHUNKING) {
+            mark_through_running(conn, transitions, chunk, &then_running, &mut results).await?;
         }
         for chunk in chunks(&round.running, C::CHUNKING) {
-            let step = ("scheduled", "running", "started_at");
-            mark_many(conn, step, transitions, chunk, &mut results).await?;
+            mark_many(conn, &RUNNING, transitions, chunk, &mut results).await?;
         }
         for chunk in chunks(&round.renewals, C::CHUNKING) {
             renew_many(conn, transitions, chunk, &mut results).await?;
@@ -664,7 +739,7 @@ async fn branch_rules_by_id<C: GroupedConn>(
 /// Scheduled or Running: `(from, to, stamp)` as [`mark_sql`] takes them.
 async fn mark_many<C: GroupedConn>(
     conn: &mut C,
-    (from, to, stamp): (&str, &str, &str),
+    step: &Step,
     transitions: &[&Transition],
     chunk: &[usize],
     results: &mut [Option<ItemResult>],
@@ -679,12 +754,47 @@ async fn mark_many<C: GroupedConn>(
             Bind::Int(now),
         ]
     });
-    let sql = mark_sql(from, to, stamp, &C::rows_of(&binds));
+    let sql = mark_sql(step, &C::rows_of(&binds));
     let marked = returned_ids(conn, "mark executions", sql, binds).await?;
     for &index in chunk {
         let (fence, _) = fence_and_now(transitions[index]);
         let applied = marked.contains(&id_text(fence.execution_id));
         results[index] = Some(Ok(TransitionOutcome::Applied(applied)));
+    }
+    Ok(())
+}
+
+/// Scheduled transitions of `chunk` and the Running each is followed by
+/// (`then_running`), in one update a row; both get its answer.
+async fn mark_through_running<C: GroupedConn>(
+    conn: &mut C,
+    transitions: &[&Transition],
+    chunk: &[usize],
+    then_running: &HashMap<usize, usize>,
+    results: &mut [Option<ItemResult>],
+) -> Result<(), StoreError> {
+    let mut binds = Vec::with_capacity(chunk.len() * 6);
+    for &index in chunk {
+        let (fence, scheduled_at) = fence_and_now(transitions[index]);
+        let (_, started_at) = fence_and_now(transitions[then_running[&index]]);
+        binds.extend([
+            Bind::Text(id_text(fence.execution_id)),
+            Bind::Text(id_text(fence.branch_rule_id)),
+            Bind::Text(fence.holder.clone()),
+            Bind::Int(fence.epoch),
+            Bind::Int(scheduled_at),
+            Bind::Int(started_at),
+        ]);
+    }
+    let table = Table { binds, columns: 6 };
+    let sql = mark_sql(&SCHEDULED_AND_RUNNING, &C::rows_of(&table));
+    let marked = returned_ids(conn, "mark executions", sql, table).await?;
+    for &index in chunk {
+        let (fence, _) = fence_and_now(transitions[index]);
+        let applied = marked.contains(&id_text(fence.execution_id));
+        for answered in [index, then_running[&index]] {
+            results[answered] = Some(Ok(TransitionOutcome::Applied(applied)));
+        }
     }
     Ok(())
 }
@@ -942,6 +1052,37 @@ mod tests {
     }
 
     #[test]
+    fn a_running_right_behind_its_scheduled_joins_it() {
+        let fence = |execution: u128, epoch: i64| Fence {
+            execution_id: Uuid::from_u128(execution),
+            branch_rule_id: Uuid::from_u128(execution % 10),
+            holder: "h".into(),
+            epoch,
+        };
+        let scheduled = |f: Fence| Transition::Scheduled { fence: f, now: 1 };
+        let running = |f: Fence| Transition::Running { fence: f, now: 2 };
+        let t = [
+            scheduled(fence(1, 1)),
+            scheduled(fence(2, 1)),
+            running(fence(1, 1)),
+            // Rule 3: a renewal between its Scheduled and Running.
+            scheduled(fence(3, 1)),
+            Transition::RenewLock {
+                fence: fence(3, 1),
+                now: 1,
+            },
+            running(fence(3, 1)),
+            // Rule 4: another claim's Running (another epoch).
+            scheduled(fence(4, 1)),
+            running(fence(4, 2)),
+            running(fence(2, 1)),
+        ];
+        let refs: Vec<&Transition> = t.iter().collect();
+        let pairs = running_after_scheduled(&refs);
+        assert_eq!(pairs, HashMap::from([(0, 2), (1, 8)]));
+    }
+
+    #[test]
     fn whole_chunks_take_a_round_at_once_up_to_the_bound() {
         let chunking = Chunking::Whole { max: 64 };
         let indices: Vec<usize> = (0..200).collect();
@@ -1002,6 +1143,13 @@ mod tests {
             })
             .collect();
         let refs: Vec<&Transition> = t.iter().collect();
-        assert_eq!(rounds(&refs), [vec![0, 1, 3], vec![2, 5], vec![4]]);
+        assert_eq!(
+            rounds(&refs, 0..refs.len()),
+            [vec![0, 1, 3], vec![2, 5], vec![4]]
+        );
+        assert_eq!(
+            rounds(&refs, [0, 2, 4].into_iter()),
+            [vec![0], vec![2], vec![4]]
+        );
     }
 }
