@@ -11,6 +11,7 @@ use crate::cluster::Ownership;
 use crate::config::Config;
 use crate::directory::Directory;
 use crate::lifecycle::RetryUpdate;
+use crate::memory::heap::release_free_heap;
 use crate::messages::plan::{HeldWorkflow, QuarantineReport, Readiness, ReadyJobs};
 use crate::messages::{MasterMsg, PlanMsg, RefresherMsg, WriterMsg};
 use crate::metrics as m;
@@ -264,7 +265,13 @@ impl Actor for PlanActor {
                 let mut load = *load;
                 let change = state.plan.quarantine_bad_rows(&mut load, now);
                 log_quarantine(&change);
+                let full = load.data.scope == PlanScope::Full;
                 let report = state.merge(load.data, now);
+                if full {
+                    // The whole table was read and is dropped now: at a
+                    // million rules, gigabytes the allocator would keep.
+                    release_free_heap();
+                }
                 if !report.is_empty() || report.preserved > 0 {
                     state.mark_dirty(&myself);
                 }

@@ -11,6 +11,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tracing::{debug, error, info};
 
 use crate::clock::Clock;
+use crate::memory::heap::release_free_heap;
 use crate::messages::WriterMsg;
 use crate::messages::writer::WriterStats;
 use crate::metrics as m;
@@ -170,6 +171,9 @@ impl WriterState {
                         workflows = snapshot.workflows.len(),
                         "💾 Wrote execution plan"
                     );
+                    // The snapshot and its JSON were as large as the plan.
+                    drop(snapshot);
+                    release_free_heap();
                 }
                 Err(reason) => {
                     self.write_failed(reason);

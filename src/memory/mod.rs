@@ -3,9 +3,10 @@
 //! hysteresis and the reasons logged. Readings come from
 //! [`sampler`] (sysinfo, cgroups, NVML, or readings a test feeds); the
 //! [`MemoryGuardActor`](crate::actors::memory_guard::MemoryGuardActor) turns
-//! them into pushes to the master.
+//! them into pushes to the master. [`heap`] gives freed memory back.
 
 pub mod cgroup;
+pub mod heap;
 pub mod sampler;
 
 use std::fmt;
