@@ -534,7 +534,7 @@ pub(super) trait GroupedConn {
 /// sqlx's own connections: the one-transition path (`claims`) on both
 /// backends and the batcher on PostgreSQL.
 macro_rules! sqlx_grouped_conn {
-    ($conn:ty, $row:ty, $row_lock:expr) => {
+    ($conn:ty, $row:ty, $row_lock:expr $(, $extra:item)*) => {
         impl GroupedConn for $conn {
             type Row = $row;
             const CLAIM_ROW_LOCK: &'static str = $row_lock;
@@ -550,34 +550,24 @@ macro_rules! sqlx_grouped_conn {
                     .await
                     .map_err(StoreError::query(op))
             }
+
+            $($extra)*
         }
     };
 }
 
 sqlx_grouped_conn!(sqlx::SqliteConnection, sqlx::sqlite::SqliteRow, "");
 
-/// PostgreSQL reads a statement's rows from one array a column
-/// (`UNNEST`): the text is the same for any number of rows, so each kind
-/// of transition is prepared once per connection and a whole round goes in
-/// one statement, where `VALUES` took a statement a power of two and a
-/// parse for every new shape.
-impl GroupedConn for sqlx::PgConnection {
-    type Row = sqlx::postgres::PgRow;
-    const CLAIM_ROW_LOCK: &'static str = " FOR UPDATE OF b SKIP LOCKED";
-    const CHUNKING: Chunking = Chunking::Whole { max: 4096 };
-
-    async fn fetch(
-        &mut self,
-        op: &'static str,
-        sql: String,
-        binds: Vec<Bind>,
-    ) -> Result<Vec<Self::Row>, StoreError> {
-        bound_query!(sql, binds)
-            .fetch_all(self)
-            .await
-            .map_err(StoreError::query(op))
-    }
-
+// PostgreSQL reads a statement's rows from one array a column (`UNNEST`):
+// the text is the same for any number of rows, so each kind of transition
+// is prepared once per connection and a whole round goes in one
+// statement, where `VALUES` took a statement a power of two and a parse
+// for every new shape.
+sqlx_grouped_conn!(
+    sqlx::PgConnection,
+    sqlx::postgres::PgRow,
+    " FOR UPDATE OF b SKIP LOCKED",
+    const CHUNKING: Chunking = Chunking::Whole { max: 4096 };,
     fn rows_of(table: &Table) -> String {
         let arrays: Vec<String> = table.binds[..table.columns]
             .iter()
@@ -585,8 +575,7 @@ impl GroupedConn for sqlx::PgConnection {
             .map(|(column, bind)| format!("${}::{}[]", column + 1, array_type(bind)))
             .collect();
         format!("SELECT * FROM UNNEST({})", arrays.join(", "))
-    }
-
+    },
     async fn fetch_table(
         &mut self,
         op: &'static str,
@@ -603,7 +592,7 @@ impl GroupedConn for sqlx::PgConnection {
         }
         query.fetch_all(self).await.map_err(StoreError::query(op))
     }
-}
+);
 
 /// PostgreSQL's array type for a column whose first value is `bind`.
 fn array_type(bind: &Bind) -> &'static str {
@@ -1108,6 +1097,10 @@ mod tests {
             ],
             columns: 3,
         };
+        assert_eq!(
+            <sqlx::PgConnection as GroupedConn>::CHUNKING,
+            Chunking::Whole { max: 4096 }
+        );
         assert_eq!(
             <sqlx::PgConnection as GroupedConn>::rows_of(&table),
             "SELECT * FROM UNNEST($1::text[], $2::int8[], $3::bool[])"
