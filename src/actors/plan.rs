@@ -265,11 +265,12 @@ impl Actor for PlanActor {
                 let mut load = *load;
                 let change = state.plan.quarantine_bad_rows(&mut load, now);
                 log_quarantine(&change);
-                let full = load.data.scope == PlanScope::Full;
+                let large = load.data.scope == PlanScope::Full
+                    || load.data.branch_rules.len() >= LARGE_READ_ROWS;
                 let report = state.merge(load.data, now);
-                if full {
-                    // The whole table was read and is dropped now: at a
-                    // million rules, gigabytes the allocator would keep.
+                if large {
+                    // The rows read are dropped now: for a whole table of
+                    // a million rules, gigabytes the allocator would keep.
                     release_free_heap();
                 }
                 if !report.is_empty() || report.preserved > 0 {
@@ -499,6 +500,11 @@ struct JournalState {
     /// lost write, the next write is a whole snapshot.
     writer: Option<ractor::ActorId>,
 }
+
+/// A read of this many branch rules or more (a full refresh, or a bulk
+/// change such as a million rules inserted at once) is handed back to the
+/// OS once merged.
+const LARGE_READ_ROWS: usize = 10_000;
 
 /// Journal writes before the journal is compacted into a snapshot, at
 /// least; above that, as many as the plan has workflows, so compaction
