@@ -22,6 +22,8 @@
 //! time; the figures go to BENCHMARKS.md. Every child is killed when the
 //! bench ends or panics.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -40,20 +42,6 @@ const POLL: Duration = Duration::from_millis(100);
 const DRAIN_DEADLINE: Duration = Duration::from_secs(600);
 const FAILOVER_DEADLINE: Duration = Duration::from_secs(180);
 const DB_NOW: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    match std::env::var(name) {
-        Ok(value) => value
-            .trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}={value:?}: not a number")),
-        Err(_) => default,
-    }
-}
-
-fn wall_ms() -> i64 {
-    chrono::Utc::now().timestamp_millis()
-}
 
 // ---------------------------------------------------------------------------
 // A fresh database per run
@@ -567,7 +555,7 @@ async fn drain(admin_url: &str, rules: usize, n: usize) -> Line {
     let total = rules as i64;
 
     let started = Instant::now();
-    let started_ms = wall_ms();
+    let started_ms = common::wall_ms();
     let mut instances = Instances::start(&db.url, n, &[("WORKER_COUNT", WORKERS.to_string())]);
     let mut last_report = Instant::now();
     let mut previous = -1;
@@ -714,7 +702,7 @@ async fn failover(admin_url: &str, rules: usize, ttl: f64, sleep_ms: u64) -> Lin
         .max_by_key(|(id, n)| (**n, std::cmp::Reverse((*id).clone())))
         .map(|(id, n)| (id.clone(), *n))
         .unwrap();
-    let kill_ms = wall_ms();
+    let kill_ms = common::wall_ms();
     let killed = Instant::now();
     instances.kill9(&victim);
 
@@ -852,10 +840,10 @@ fn main() {
     let admin_url = std::env::var("RULED_BENCH_POSTGRES_URL")
         .or_else(|_| std::env::var("RULED_TEST_POSTGRES_URL"))
         .unwrap_or_else(|_| DEFAULT_POSTGRES_URL.into());
-    let rules: usize = env_or("RULED_BENCH_RULES", 20_000);
-    let failover_rules: usize = env_or("RULED_BENCH_FAILOVER_RULES", 300);
-    let ttl: f64 = env_or("RULED_BENCH_FAILOVER_TTL", 6.0);
-    let sleep_ms: u64 = env_or("RULED_BENCH_SLEEP_MS", 2_000);
+    let rules: usize = common::env_or("RULED_BENCH_RULES", 20_000);
+    let failover_rules: usize = common::env_or("RULED_BENCH_FAILOVER_RULES", 300);
+    let ttl: f64 = common::env_or("RULED_BENCH_FAILOVER_TTL", 6.0);
+    let sleep_ms: u64 = common::env_or("RULED_BENCH_SLEEP_MS", 2_000);
 
     if let Err(e) = admin_sql(&admin_url, "SELECT 1".into()) {
         eprintln!("PostgreSQL not reachable at {admin_url}: {e}; nothing to measure");

@@ -16,6 +16,9 @@
 //! 10,000 burst again over `RULED_BENCH_HISTORY` (default 10,000,000) rows
 //! of finished executions already in the table.
 //!
+//! `RULED_BENCH_SCENARIO=peers` is ruled's side of `benches/peers` (issue
+//! 15): occurrences due on every whole second, and one drain, on SQLite.
+//!
 //! Nothing here asserts a time; the figures go to BENCHMARKS.md.
 
 mod common;
@@ -32,10 +35,6 @@ use uuid::Uuid;
 const BURST: usize = 10_000;
 const SPREAD: usize = 1_000;
 const SPREAD_STEP_MS: i64 = 10;
-
-fn now_ms() -> Millis {
-    chrono::Utc::now().timestamp_millis()
-}
 
 fn config(database_url: &str, dir: &std::path::Path, workers: usize) -> Config {
     Config {
@@ -65,10 +64,26 @@ struct Run {
     plan_bytes: u64,
 }
 
+/// [`run_until`] that must see every occurrence completed within ten
+/// minutes.
+async fn run(url: &str, workers: usize, due: Vec<Millis>, history: usize) -> Run {
+    let occurrences = due.len();
+    let run = run_until(url, workers, due, history, Duration::from_secs(600)).await;
+    assert_eq!(run.lags.len(), occurrences, "the run did not finish");
+    run
+}
+
 /// Starts a service on `url`, seeds `due` (over `history` finished
 /// executions of the same rules), waits until every execution is
-/// completed, and reads the lags back from the executions table.
-async fn run(url: &str, workers: usize, due: Vec<Millis>, history: usize) -> Run {
+/// completed or `limit` has passed, and reads the lags of the completed
+/// ones back from the executions table.
+async fn run_until(
+    url: &str,
+    workers: usize,
+    due: Vec<Millis>,
+    history: usize,
+    limit: Duration,
+) -> Run {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::connect(url).await.unwrap();
     store.migrate().await.unwrap();
@@ -85,25 +100,18 @@ async fn run(url: &str, workers: usize, due: Vec<Millis>, history: usize) -> Run
         store
             .execute_sql(&format!(
                 "UPDATE branch_rules SET next_run_time = {}",
-                now_ms() - 1_000
+                common::wall_ms() - 1_000
             ))
             .await
             .unwrap();
     }
     let total = due.len() as i64;
     let started = Instant::now();
-    let started_ms = now_ms();
+    let started_ms = common::wall_ms();
     let service = Service::start(config(url, dir.path(), workers), Clock::system())
         .await
         .unwrap();
-    loop {
-        if completed_since(&store, started_ms).await >= total {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(600),
-            "the run did not finish"
-        );
+    while completed_since(&store, started_ms).await < total && started.elapsed() < limit {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let drain = started.elapsed();
@@ -139,7 +147,7 @@ async fn run(url: &str, workers: usize, due: Vec<Millis>, history: usize) -> Run
             break;
         }
     }
-    assert_eq!(lags.len(), due.len(), "one execution per occurrence");
+    assert!(lags.len() <= due.len(), "one execution per occurrence");
     lags.sort();
     store.close().await;
     Run {
@@ -193,7 +201,7 @@ async fn seed_history(store: &Store, rules: &[Uuid], count: usize) {
             .await
             .unwrap();
     }
-    let end = now_ms() - 3_600_000;
+    let end = common::wall_ms() - 3_600_000;
     let start = end - count as i64 * 250;
     let (series, id) = match store {
         Store::Sqlite(_) => (
@@ -269,9 +277,10 @@ fn main() {
         .build()
         .unwrap();
     runtime.block_on(async {
-        if std::env::var("RULED_BENCH_SCENARIO").is_ok_and(|s| s == "growth") {
-            growth().await;
-            return;
+        match std::env::var("RULED_BENCH_SCENARIO").as_deref() {
+            Ok("growth") => return growth().await,
+            Ok("peers") => return peers().await,
+            _ => {}
         }
         println!(
             "| backend | scenario | workers | jobs | drain | first job | jobs/s | lag p50 | lag p99 |"
@@ -280,12 +289,12 @@ fn main() {
         for (label, base_url, _) in backends().await {
             for &workers in &worker_counts() {
                 let url = fresh(&base_url, &format!("burst{workers}")).await;
-                let due = vec![now_ms() - 1_000; BURST];
+                let due = vec![common::wall_ms() - 1_000; BURST];
                 let result = run(&url, workers, due, 0).await;
                 report(label, "burst", workers, &result);
             }
             let url = fresh(&base_url, "spread").await;
-            let start = now_ms() + 2_000;
+            let start = common::wall_ms() + 2_000;
             let due = (0..SPREAD as i64)
                 .map(|i| start + i * SPREAD_STEP_MS)
                 .collect();
@@ -298,10 +307,7 @@ fn main() {
 /// The drain rate as the burst and the history grow, against the 10,000
 /// burst on an empty table.
 async fn growth() {
-    let history: usize = std::env::var("RULED_BENCH_HISTORY")
-        .ok()
-        .map(|n| n.parse().expect("RULED_BENCH_HISTORY: a number"))
-        .unwrap_or(10_000_000);
+    let history: usize = common::env_or("RULED_BENCH_HISTORY", 10_000_000);
     println!(
         "| backend | workers | burst | history rows | drain | jobs/s | vs 10,000 | lag p50 | lag p99 | plan file B/job |"
     );
@@ -311,7 +317,7 @@ async fn growth() {
             let mut baseline = None;
             for (burst, rows) in [(10_000, 0), (1_000, 0), (100_000, 0), (10_000, history)] {
                 let url = fresh(&base_url, &format!("growth{workers}_{burst}_{rows}")).await;
-                let result = run(&url, workers, vec![now_ms() - 1_000; burst], rows).await;
+                let result = run(&url, workers, vec![common::wall_ms() - 1_000; burst], rows).await;
                 let rate = result.lags.len() as f64 / result.drain.as_secs_f64();
                 let base = *baseline.get_or_insert(rate);
                 println!(
@@ -325,6 +331,55 @@ async fn growth() {
             }
         }
     }
+}
+
+/// ruled's side of the peer comparison (`benches/peers`), on the peers'
+/// work: `RULED_BENCH_FIRES_PER_SECOND` occurrences due on every whole
+/// second for `RULED_BENCH_SECONDS` seconds, each claimed durably before it
+/// starts; then a `RULED_BENCH_DRAIN_JOBS` burst with every state recorded.
+/// The peers crate reads the two `peers:` lines.
+async fn peers() {
+    let fires_per_second: usize = common::env_or("RULED_BENCH_FIRES_PER_SECOND", 1_000);
+    let seconds: i64 = common::env_or("RULED_BENCH_SECONDS", 10);
+    let drain_jobs: usize = common::env_or("RULED_BENCH_DRAIN_JOBS", BURST);
+    let workers = worker_counts()[0];
+    let (_, base_url, _) = backends().await.swap_remove(0);
+
+    // The first whole second far enough ahead that the service has read
+    // its plan: a fire is due on .000, as a cron peer's is.
+    let first = (common::wall_ms() / 1_000 + 3) * 1_000;
+    let due: Vec<Millis> = (0..seconds * fires_per_second as i64)
+        .map(|i| first + i / fires_per_second as i64 * 1_000)
+        .collect();
+    // A fire not run half a minute after the last one was due counts as lost.
+    let limit =
+        Duration::from_millis((first - common::wall_ms() + seconds * 1_000 + 30_000) as u64);
+    let fires = due.len();
+    let url = fresh(&base_url, "peers_fires").await;
+    let fired = run_until(&url, workers, due, 0, limit).await;
+    report("SQLite (WAL)", "fires every second", workers, &fired);
+    println!(
+        "peers: ruled lag fires={fires} lost={} p50_ms={} p99_ms={}",
+        fires - fired.lags.len(),
+        percentile(&fired.lags, 0.50),
+        percentile(&fired.lags, 0.99),
+    );
+
+    let url = fresh(&base_url, "peers_drain").await;
+    let drained = run(
+        &url,
+        workers,
+        vec![common::wall_ms() - 1_000; drain_jobs],
+        0,
+    )
+    .await;
+    report("SQLite (WAL)", "burst", workers, &drained);
+    println!(
+        "peers: ruled drain jobs={} seconds={:.3} jobs_per_second={:.1}",
+        drained.lags.len(),
+        drained.drain.as_secs_f64(),
+        drained.lags.len() as f64 / drained.drain.as_secs_f64(),
+    );
 }
 
 /// WORKER_COUNT values of the burst: 10 and 50, or the comma-separated

@@ -18,6 +18,12 @@
 //!   and `VmHWM`, the peak);
 //! - *warm start*: SIGTERM, then the same again with the plan file present.
 //!
+//! `RULED_BENCH_SCENARIO=drain` times instead a burst through `ruled serve`
+//! with its default log level: `RULED_BENCH_DRAIN_JOBS` (10,000) rules due
+//! at the spawn, `RULED_BENCH_WORKERS` (50) workers, cooldown 0, no master
+//! grace period and no worker stagger, from the spawn (start-up included)
+//! until the last execution is completed.
+//!
 //! Nothing here asserts a figure; they go to BENCHMARKS.md.
 //! `RULED_BENCH_KEEP=1` keeps the directory (database, plan file, logs).
 
@@ -36,30 +42,15 @@ const BIN: &str = env!("CARGO_BIN_EXE_ruled");
 const POLL: Duration = Duration::from_millis(100);
 const READY_DEADLINE: Duration = Duration::from_secs(600);
 
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    match std::env::var(name) {
-        Ok(value) => value
-            .trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}={value:?}: not a number")),
-        Err(_) => default,
-    }
-}
-
-fn wall_ms() -> i64 {
-    chrono::Utc::now().timestamp_millis()
-}
-
 /// `rules` branch rules of one brand, branch, yearly rule and noop
-/// template, each with one action, due a year from now; written by SQLite
-/// itself from a counter, so the seeding takes seconds, not minutes.
-async fn seed(store: &Store, rules: usize) {
+/// template, each with one action, due at `next_run_time`; written by
+/// SQLite itself from a counter, so the seeding takes seconds, not minutes.
+async fn seed(store: &Store, rules: usize, next_run_time: i64) {
     let ids = common::seed(store, &[], "0 0 1 1 *", "noop").await;
     assert!(ids.is_empty());
     // Written an hour ago, as rules that were there before the service
     // started: not a bulk change the refresher's slack still re-reads.
-    let now = wall_ms() - 3_600_000;
-    let next_year = now + 365 * 86_400_000;
+    let now = common::wall_ms() - 3_600_000;
     let series = format!(
         "WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < {rules} - 1)"
     );
@@ -69,7 +60,7 @@ async fn seed(store: &Store, rules: usize) {
             "{series} INSERT INTO branch_rules (id, branch_id, rule_id, is_active, is_archived, \
              is_force_stopped, is_currently_running, next_run_time, lock_epoch, params, created_at, updated_at) \
              SELECT {id}, (SELECT id FROM branches), (SELECT id FROM rules), TRUE, FALSE, FALSE, FALSE, \
-             {next_year}, 0, '{{}}', {now}, {now} FROM n"
+             {next_run_time}, 0, '{{}}', {now}, {now} FROM n"
         ))
         .await
         .unwrap();
@@ -93,7 +84,8 @@ struct Serve {
 }
 
 impl Serve {
-    fn start(dir: &Path, database_url: &str, run: &str) -> Serve {
+    /// `ruled serve` with the defaults but for `settings`.
+    fn start(dir: &Path, database_url: &str, run: &str, settings: &[(&str, &str)]) -> Serve {
         let log = dir.join(format!("{run}.log"));
         let file = std::fs::File::create(&log).unwrap();
         let child = Command::new(BIN)
@@ -106,6 +98,7 @@ impl Serve {
             .env("PLAN_FILE", dir.join("plan.json"))
             .env("SHUTDOWN_MARKER_FILE", dir.join("marker.json"))
             .env("NO_COLOR", "1")
+            .envs(settings.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(file)
@@ -170,6 +163,23 @@ impl Serve {
         (field("VmRSS:"), field("VmHWM:"))
     }
 
+    /// CPU time the child has used, user and system together.
+    fn cpu_seconds(&self) -> f64 {
+        let stat =
+            std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
+        // utime and stime are the 14th and 15th fields, counted after the
+        // command name, which may hold spaces, in parentheses.
+        let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+        let ticks: f64 = after_name
+            .split_whitespace()
+            .skip(11)
+            .take(2)
+            .filter_map(|field| field.parse::<f64>().ok())
+            .sum();
+        // SAFETY: sysconf only reads a system constant.
+        ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+    }
+
     /// `ruled_plan_write_bytes_total`, every kind together.
     fn plan_bytes_written(&mut self) -> f64 {
         let (_, body) = self.get("/metrics").expect("GET /metrics");
@@ -228,9 +238,12 @@ async fn completed(store: &Store) -> i64 {
 }
 
 fn main() {
-    let rules: usize = env_or("RULED_BENCH_RULES", 1_000_000);
-    let per_second: usize = env_or("RULED_BENCH_DUE_PER_SECOND", 5);
-    let seconds: usize = env_or("RULED_BENCH_SECONDS", 60);
+    if std::env::var("RULED_BENCH_SCENARIO").is_ok_and(|s| s == "drain") {
+        return drain();
+    }
+    let rules: usize = common::env_or("RULED_BENCH_RULES", 1_000_000);
+    let per_second: usize = common::env_or("RULED_BENCH_DUE_PER_SECOND", 5);
+    let seconds: usize = common::env_or("RULED_BENCH_SECONDS", 60);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -244,12 +257,12 @@ fn main() {
         let store = Store::connect(&url).await.unwrap();
         store.migrate().await.unwrap();
         let seeding = Instant::now();
-        seed(&store, rules).await;
+        seed(&store, rules, common::wall_ms() + 365 * 86_400_000).await;
         eprintln!("{rules} rules seeded in {:.0?}", seeding.elapsed());
         store
     });
 
-    let mut cold = Serve::start(dir.path(), &url, "cold");
+    let mut cold = Serve::start(dir.path(), &url, "cold", &[]);
     let cold_ready = cold.wait_ready();
     let (cold_rss, _) = cold.rss_mib();
     let plan_file = dir.path().join("plan.json");
@@ -272,7 +285,7 @@ fn main() {
 
     // Steady state: an operator makes `due` rules due one after another.
     let due = per_second * seconds;
-    let window_start = wall_ms() + 5_000;
+    let window_start = common::wall_ms() + 5_000;
     runtime.block_on(store.execute_sql(&format!(
         "UPDATE branch_rules SET next_run_time = {window_start} + (rowid - 1) * 1000 / {per_second} \
          WHERE rowid <= {due}"
@@ -298,7 +311,7 @@ fn main() {
     let (rss_end, peak) = cold.rss_mib();
     let plan_file_mib = std::fs::metadata(&plan_file).map_or(0, |m| m.len() >> 20);
     let cold_stop = cold.stop();
-    let mut warm = Serve::start(dir.path(), &url, "warm");
+    let mut warm = Serve::start(dir.path(), &url, "warm", &[]);
     let warm_ready = warm.wait_ready();
     let (warm_rss, _) = warm.rss_mib();
     let warm_stop = warm.stop();
@@ -317,6 +330,86 @@ fn main() {
         cold_stop.as_secs_f64(),
         warm_ready.as_secs_f64(),
         warm_stop.as_secs_f64(),
+    );
+    runtime.block_on(store.close());
+    if std::env::var_os("RULED_BENCH_KEEP").is_some() {
+        eprintln!("kept {}", dir.keep().display());
+    }
+}
+
+/// A burst through the real binary with its default log level (INFO):
+/// `RULED_BENCH_DRAIN_JOBS` (10,000) rules due as `ruled serve` starts,
+/// WORKER_COUNT `RULED_BENCH_WORKERS` (50), cooldown 0, every state
+/// recorded; timed from the spawn, start-up included, until the last
+/// execution is completed. MASTER_GRACE_PERIOD_SECONDS and
+/// WORKER_STAGGER_SECONDS are 0: their defaults (15 s before the first
+/// fetch, workers started one a second) are waits an operator sets for a
+/// gentle start, not work, and would be most of the figure.
+fn drain() {
+    let jobs: usize = common::env_or("RULED_BENCH_DRAIN_JOBS", 10_000);
+    let workers: usize = common::env_or("RULED_BENCH_WORKERS", 50);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = tempfile::Builder::new()
+        .prefix("ruled-bench-drain-")
+        .tempdir()
+        .unwrap();
+    let url = format!("sqlite://{}/ruled.db", dir.path().display());
+    let store = runtime.block_on(async {
+        let store = Store::connect(&url).await.unwrap();
+        store.migrate().await.unwrap();
+        seed(&store, jobs, common::wall_ms() - 1_000).await;
+        store
+    });
+    let workers_setting = workers.to_string();
+    let mut serve = Serve::start(
+        dir.path(),
+        &url,
+        "drain",
+        &[
+            ("WORKER_COUNT", &workers_setting),
+            ("WORKER_COOLDOWN_SECONDS", "0"),
+            ("WORKER_STAGGER_SECONDS", "0"),
+            ("MASTER_GRACE_PERIOD_SECONDS", "0"),
+        ],
+    );
+    let mut ready = None;
+    let deadline = Duration::from_secs(600);
+    let drained = loop {
+        if ready.is_none() && matches!(serve.get("/readyz"), Some((200, _))) {
+            ready = Some(serve.started.elapsed());
+        }
+        let done = runtime.block_on(completed(&store));
+        if done >= jobs as i64 {
+            break serve.started.elapsed();
+        }
+        assert!(
+            serve.started.elapsed() < deadline,
+            "{done} of {jobs} completed; log:\n{}",
+            serve.tail()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let cpu = serve.cpu_seconds();
+    let log = std::fs::read_to_string(&serve.log).unwrap_or_default();
+    let stopped = serve.stop();
+    let ready = ready.unwrap_or(drained);
+    let after_ready = drained.saturating_sub(ready).as_secs_f64();
+    println!(
+        "| jobs | workers | spawn to last completed | jobs/s, start-up included | ready after | jobs/s after ready | CPU used | log bytes per job | log lines per job | SIGTERM to exit |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "| {jobs} | {workers} | {:.2} s | {:.0} | {:.2} s | {:.0} | {cpu:.2} s | {:.0} | {:.1} | {:.1} s |",
+        drained.as_secs_f64(),
+        jobs as f64 / drained.as_secs_f64(),
+        ready.as_secs_f64(),
+        jobs as f64 / after_ready.max(f64::EPSILON),
+        log.len() as f64 / jobs as f64,
+        log.lines().count() as f64 / jobs as f64,
+        stopped.as_secs_f64(),
     );
     runtime.block_on(store.close());
     if std::env::var_os("RULED_BENCH_KEEP").is_some() {

@@ -64,13 +64,6 @@ fn rss_kib() -> u64 {
         .unwrap_or(0)
 }
 
-fn env_number(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .map(|v| v.parse().unwrap_or_else(|_| panic!("{name}: a number")))
-        .unwrap_or(default)
-}
-
 async fn report(store: &Store, started: Instant, label: &str) {
     let counts = store.count_executions_by_status().await.unwrap();
     let count = |status| {
@@ -90,8 +83,8 @@ async fn report(store: &Store, started: Instant, label: &str) {
 }
 
 fn main() {
-    let minutes = env_number("RULED_SOAK_MINUTES", 30);
-    let alloc_kib = env_number("RULED_SOAK_ALLOC_KIB", 4096);
+    let minutes = common::env_or::<u64>("RULED_SOAK_MINUTES", 30);
+    let alloc_kib = common::env_or::<u64>("RULED_SOAK_ALLOC_KIB", 4096);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -102,7 +95,7 @@ fn main() {
         let store = Store::connect(&url).await.unwrap();
         store.migrate().await.unwrap();
         // First due at the next minute, then every minute.
-        let now = chrono::Utc::now().timestamp_millis();
+        let now = common::wall_ms();
         let first = (now / 60_000 + 1) * 60_000;
         common::seed(&store, &vec![first; RULES], "* * * * *", "alloc").await;
 
@@ -139,7 +132,7 @@ fn main() {
         // Rounds are due at each minute from `first`; a round is finished
         // when every occurrence due so far is terminal.
         let rounds_due = || {
-            let now = chrono::Utc::now().timestamp_millis();
+            let now = common::wall_ms();
             if now < first { 0 } else { (now - first) / 60_000 + 1 }
         };
         let finished = |rounds: i64| {

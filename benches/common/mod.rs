@@ -1,14 +1,35 @@
-//! Seeding shared by the benches.
+//! Seeding and settings shared by the benches.
+//!
+//! Every bench binary compiles its own copy of this module and uses only
+//! part of it, so the parts one of them leaves out are not dead code.
+#![allow(dead_code)]
 
 use ruled::model::*;
 use ruled::store::Store;
 use serde_json::json;
 use uuid::Uuid;
 
+/// The setting `name` from the environment, or `default`; a value that
+/// does not parse stops the bench rather than measuring something else.
+pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    match std::env::var(name) {
+        Ok(value) => value
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={value:?}: not a number")),
+        Err(_) => default,
+    }
+}
+
+/// Now, in the epoch milliseconds the tables store.
+pub fn wall_ms() -> Millis {
+    chrono::Utc::now().timestamp_millis()
+}
+
 /// One brand, branch, rule on `cron` and template of `kind`; `due.len()`
 /// branch rules with one action each, written in multi-row statements.
 pub async fn seed(store: &Store, due: &[Millis], cron: &str, kind: &str) -> Vec<Uuid> {
-    let now = chrono::Utc::now().timestamp_millis();
+    let now = wall_ms();
     let (brand, branch, rule, template) = (
         Uuid::new_v4(),
         Uuid::new_v4(),

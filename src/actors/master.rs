@@ -29,6 +29,7 @@ use crate::model::{ExecutionStatus, Millis};
 use crate::plan::{Ending, JobSpec, decide_due, overlap_due};
 use crate::queue::{
     BacklogChange, BacklogTrend, Capacity, DedupReason, JobQueue, StartLagHistory, WorkerPool,
+    claim_room,
 };
 use crate::recovery;
 use crate::schedule::Overlap;
@@ -296,12 +297,8 @@ impl MasterState {
             return;
         }
         // A fetch walks the plan and claims in the database; while the queue
-        // holds two rounds of work for every worker, a free worker only
-        // needs the next queued job. Two rounds, not one: the claims of the
-        // next fetch take a commit to land, and the workers must not run
-        // dry meanwhile.
-        let pending = self.queue.queued_len() + self.claiming.len();
-        let next_wake = if pending < 2 * self.args.config.worker_count {
+        // is nearly full, a free worker only needs the next queued job.
+        let next_wake = if self.claim_budget() > 0 {
             self.fetch(myself).await
         } else {
             None
@@ -313,6 +310,15 @@ impl MasterState {
         self.schedule_tick(myself, Duration::from_millis(wake_in as u64));
         self.queue.prune(now);
         self.publish_gauges();
+    }
+
+    /// How many more jobs a fetch may claim now (see [`claim_room`]).
+    fn claim_budget(&self) -> usize {
+        claim_room(
+            self.pool.idle_len(),
+            self.args.config.worker_count,
+            self.queue.queued_len() + self.claiming.len(),
+        )
     }
 
     /// Fetches the ready set, deduplicates, claims and queues. Returns when
@@ -328,11 +334,7 @@ impl MasterState {
             }
         };
         let now = self.args.clock.now_ms();
-        // Claim only what can start soon: the free workers plus one round.
-        // A claim held longer than the workers need to reach it is a lease
-        // kept from the other instances for nothing.
-        let pending = self.queue.queued_len() + self.claiming.len();
-        let budget = (self.pool.idle_len() + self.args.config.worker_count).saturating_sub(pending);
+        let budget = self.claim_budget();
         let mut admitted = Vec::new();
         let mut skip_errors = 0;
         for spec in ready.jobs {

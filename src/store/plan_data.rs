@@ -18,15 +18,27 @@ use uuid::Uuid;
 /// PostgreSQL skip predicate locking work and refuses accidental writes.
 const BEGIN_PG_SNAPSHOT: &str = "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY";
 
-/// Runs one statement on an executor and decodes each row with `$decode`,
-/// setting aside the rows that do not decode (see [`sift`]).
+/// Runs one statement on an executor and decodes each row with `$decode`
+/// as it arrives, setting aside the rows that do not decode (see
+/// [`Sifted::sift`]). Rows are streamed, not fetched whole: at a million
+/// branch rules the driver's rows would otherwise sit beside the decoded
+/// ones, and the start-up read's peak was the two together.
 macro_rules! sift_on {
-    ($conn:expr, $op:expr, $decode:expr, $sifted:expr, $sql:expr $(, $arg:expr)* $(,)?) => {
-        match sqlx::query($sql)$(.bind($arg))*.fetch_all($conn).await {
-            Ok(rows) => Ok($sifted.sift(&rows, $decode)),
-            Err(error) => Err(StoreError::Query { op: $op, error }),
+    ($conn:expr, $op:expr, $decode:expr, $sifted:expr, $sql:expr $(, $arg:expr)* $(,)?) => {{
+        let mut rows = sqlx::query($sql)$(.bind($arg))*.fetch($conn);
+        let mut decoded = Vec::new();
+        loop {
+            match std::future::poll_fn(|cx| rows.as_mut().poll_next(cx)).await {
+                Some(Ok(row)) => {
+                    if let Some(value) = $sifted.sift(&row, $decode) {
+                        decoded.push(value);
+                    }
+                }
+                Some(Err(error)) => break Err(StoreError::Query { op: $op, error }),
+                None => break Ok(decoded),
+            }
         }
-    };
+    }};
 }
 
 /// Expands to the seven reads on one connection (`&mut *tx`), so the same
@@ -121,27 +133,24 @@ struct Sifted {
 }
 
 impl Sifted {
-    /// Decodes every row; a row that does not decode is set aside as a
+    /// Decodes one row; a row that does not decode is set aside as a
     /// [`RejectedRow`] instead of failing the read, so one bad row cannot
     /// keep every other change out of the plan.
     fn sift<R: AnyRow, T>(
         &mut self,
-        rows: &[R],
+        row: &R,
         decode: impl Fn(&R) -> Result<T, StoreError>,
-    ) -> Vec<T> {
-        let mut decoded = Vec::with_capacity(rows.len());
-        for row in rows {
-            match decode(row) {
-                Ok(value) => decoded.push(value),
-                Err(error) => {
-                    if let Some(rejected) = rejected_row(row, &error) {
-                        self.rejected.push(rejected);
-                    }
-                    self.first_error.get_or_insert(error);
+    ) -> Option<T> {
+        match decode(row) {
+            Ok(value) => Some(value),
+            Err(error) => {
+                if let Some(rejected) = rejected_row(row, &error) {
+                    self.rejected.push(rejected);
                 }
+                self.first_error.get_or_insert(error);
+                None
             }
         }
-        decoded
     }
 }
 
