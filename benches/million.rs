@@ -75,6 +75,31 @@ async fn seed(store: &Store, rules: usize, next_run_time: i64) {
         .unwrap();
 }
 
+/// A runtime for the bench's own queries, and a fresh SQLite database in a
+/// new directory named from `prefix`, seeded with `rules` rules due at
+/// `next_run_time`: the directory, its URL and the store on it.
+fn seeded(
+    prefix: &str,
+    rules: usize,
+    next_run_time: i64,
+) -> (tokio::runtime::Runtime, tempfile::TempDir, String, Store) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = tempfile::Builder::new().prefix(prefix).tempdir().unwrap();
+    let url = format!("sqlite://{}/ruled.db", dir.path().display());
+    let store = runtime.block_on(async {
+        let store = Store::connect(&url).await.unwrap();
+        store.migrate().await.unwrap();
+        let seeding = Instant::now();
+        seed(&store, rules, next_run_time).await;
+        eprintln!("{rules} rules seeded in {:.0?}", seeding.elapsed());
+        store
+    });
+    (runtime, dir, url, store)
+}
+
 /// One `ruled serve` child with its files in `dir`.
 struct Serve {
     child: Child,
@@ -244,23 +269,11 @@ fn main() {
     let rules: usize = common::env_or("RULED_BENCH_RULES", 1_000_000);
     let per_second: usize = common::env_or("RULED_BENCH_DUE_PER_SECOND", 5);
     let seconds: usize = common::env_or("RULED_BENCH_SECONDS", 60);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let dir = tempfile::Builder::new()
-        .prefix("ruled-bench-million-")
-        .tempdir()
-        .unwrap();
-    let url = format!("sqlite://{}/ruled.db", dir.path().display());
-    let store = runtime.block_on(async {
-        let store = Store::connect(&url).await.unwrap();
-        store.migrate().await.unwrap();
-        let seeding = Instant::now();
-        seed(&store, rules, common::wall_ms() + 365 * 86_400_000).await;
-        eprintln!("{rules} rules seeded in {:.0?}", seeding.elapsed());
-        store
-    });
+    let (runtime, dir, url, store) = seeded(
+        "ruled-bench-million-",
+        rules,
+        common::wall_ms() + 365 * 86_400_000,
+    );
 
     let mut cold = Serve::start(dir.path(), &url, "cold", &[]);
     let cold_ready = cold.wait_ready();
@@ -348,21 +361,7 @@ fn main() {
 fn drain() {
     let jobs: usize = common::env_or("RULED_BENCH_DRAIN_JOBS", 10_000);
     let workers: usize = common::env_or("RULED_BENCH_WORKERS", 50);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let dir = tempfile::Builder::new()
-        .prefix("ruled-bench-drain-")
-        .tempdir()
-        .unwrap();
-    let url = format!("sqlite://{}/ruled.db", dir.path().display());
-    let store = runtime.block_on(async {
-        let store = Store::connect(&url).await.unwrap();
-        store.migrate().await.unwrap();
-        seed(&store, jobs, common::wall_ms() - 1_000).await;
-        store
-    });
+    let (runtime, dir, url, store) = seeded("ruled-bench-drain-", jobs, common::wall_ms() - 1_000);
     let workers_setting = workers.to_string();
     let mut serve = Serve::start(
         dir.path(),

@@ -9,22 +9,9 @@ use ruled::store::Store;
 use serde_json::json;
 use uuid::Uuid;
 
-/// The setting `name` from the environment, or `default`; a value that
-/// does not parse stops the bench rather than measuring something else.
-pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    match std::env::var(name) {
-        Ok(value) => value
-            .trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}={value:?}: not a number")),
-        Err(_) => default,
-    }
-}
+mod settings;
 
-/// Now, in the epoch milliseconds the tables store.
-pub fn wall_ms() -> Millis {
-    chrono::Utc::now().timestamp_millis()
-}
+pub use settings::{env_or, wall_ms};
 
 /// One brand, branch, rule on `cron` and template of `kind`; `due.len()`
 /// branch rules with one action each, written in multi-row statements.

@@ -27,17 +27,12 @@ mod fires;
 mod ruled;
 mod tokio_cron;
 
-use fires::LagSummary;
+#[allow(dead_code)] // `wall_ms` is for ruled's benches
+#[path = "../../common/settings.rs"]
+mod settings;
 
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    match std::env::var(name) {
-        Ok(value) => value
-            .trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}={value:?}: not a number")),
-        Err(_) => default,
-    }
-}
+use fires::LagSummary;
+use settings::env_or;
 
 #[tokio::main]
 async fn main() {
