@@ -214,6 +214,38 @@ fn error_response(description: &str) -> Value {
 
 /// Adds to every operation the errors it can answer with, and to every
 /// create the links to its row's operations.
+/// Rewrites every `{"type": [T, "null"], "format": F, …}` (utoipa's
+/// `Option<Uuid>`) as `{"oneOf": [{"type": T, "format": F, …}, {"type":
+/// "null"}]}`. Both say the same in JSON Schema, where a format constrains
+/// strings only; but a fuzzer asked to break the format may send `null`
+/// and call its acceptance a bug (Schemathesis did, on a rule's
+/// `brand_id`). With the format on the string branch alone, `null` is
+/// plainly valid.
+fn split_nullable_formats(node: &mut Value) {
+    match node {
+        Value::Object(map) => {
+            let nullable_type = map
+                .get("type")
+                .and_then(Value::as_array)
+                .filter(|types| types.len() == 2 && types.contains(&json!("null")))
+                .and_then(|types| types.iter().find(|t| *t != "null").cloned());
+            if let (Some(string_type), true) = (nullable_type, map.contains_key("format")) {
+                let description = map.remove("description");
+                let mut branch = std::mem::take(map);
+                branch.insert("type".into(), string_type);
+                map.insert("oneOf".into(), json!([branch, {"type": "null"}]));
+                if let Some(description) = description {
+                    map.insert("description".into(), description);
+                }
+                return;
+            }
+            map.values_mut().for_each(split_nullable_formats);
+        }
+        Value::Array(items) => items.iter_mut().for_each(split_nullable_formats),
+        _ => {}
+    }
+}
+
 fn complete(document: &mut Value) {
     let Some(paths) = document.get_mut("paths").and_then(Value::as_object_mut) else {
         return;
@@ -228,6 +260,7 @@ fn complete(document: &mut Value) {
     if let Some(schema) = document.pointer_mut("/components/schemas/JsonValue") {
         *schema = json_value_schema();
     }
+    split_nullable_formats(document);
     // A window is set as a pair (both bounds or neither), which JSON
     // Schema says with `dependentRequired`; utoipa has no attribute for it.
     for input in ["BranchRuleCreate", "BranchRuleUpdate"] {
@@ -485,6 +518,41 @@ pub fn allowed_methods(path: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+    /// `null` must plainly fit every optional field with a format: the
+    /// format sits on the string branch of a `oneOf`, never beside a
+    /// nullable type (see `split_nullable_formats`).
+    #[test]
+    fn no_format_sits_beside_a_nullable_type() {
+        fn walk(node: &Value, at: &str, found: &mut Vec<String>) {
+            match node {
+                Value::Object(map) => {
+                    let nullable = map
+                        .get("type")
+                        .and_then(Value::as_array)
+                        .is_some_and(|types| types.contains(&json!("null")));
+                    if nullable && map.contains_key("format") {
+                        found.push(at.to_string());
+                    }
+                    for (key, value) in map {
+                        walk(value, &format!("{at}/{key}"), found);
+                    }
+                }
+                Value::Array(items) => {
+                    for (index, item) in items.iter().enumerate() {
+                        walk(item, &format!("{at}/{index}"), found);
+                    }
+                }
+                _ => {}
+            }
+        }
+        let mut found = Vec::new();
+        walk(&DOCUMENT, "", &mut found);
+        assert!(found.is_empty(), "{found:?}");
+        let brand_id = &DOCUMENT["components"]["schemas"]["RuleCreate"]["properties"]["brand_id"];
+        assert_eq!(brand_id["oneOf"][0]["format"], "uuid", "{brand_id}");
+        assert_eq!(brand_id["oneOf"][1]["type"], "null", "{brand_id}");
+    }
+
     use super::*;
 
     /// Every `$ref` in the document, with where it sits.
@@ -735,7 +803,9 @@ mod tests {
             ("backoff_max_seconds", 0, 604_800),
             ("start_jitter_seconds", 0, 3_600),
         ] {
+            // A nullable number states its bounds on its number branch.
             let property = &policy["properties"][field];
+            let property = property.pointer("/oneOf/0").unwrap_or(property);
             assert_eq!(property["minimum"], minimum, "{field}: {property}");
             assert_eq!(property["maximum"], maximum, "{field}: {property}");
             let effective = &schemas["EffectivePolicy"]["properties"][field];

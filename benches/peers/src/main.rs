@@ -2,28 +2,46 @@
 //! one invocation (issue 15):
 //!
 //! - **tokio-cron-scheduler** and **apalis-cron**: `PEERS_FIRES_PER_SECOND`
-//!   (1,000) jobs, each due every second, for `PEERS_SECONDS` (10) whole
-//!   seconds after a warm-up: start lag (job body start − the second it was
-//!   due) p50/p99, and fires lost. Neither keeps anything durable.
+//!   (1,000) jobs in one process, each on its own six-field every-second
+//!   cron, for `PEERS_SECONDS` (10) whole seconds after a warm-up second:
+//!   start lag (job body start − the second it was due) p50/p99, and fires
+//!   lost (due in the window, never started). Neither keeps anything
+//!   durable.
 //! - **apalis with apalis-sqlite**: a drain of `PEERS_DRAIN_JOBS` (10,000)
-//!   noop jobs pushed first, `PEERS_WORKERS` (50) concurrent, every
-//!   connection in WAL with synchronous=NORMAL: jobs/s until the storage
-//!   shows every job done.
-//! - **ruled**, through its own engine bench as a child: the same number of
-//!   occurrences due on each whole second, each claimed durably before it
-//!   starts, and the same drain with every state recorded, on SQLite.
+//!   noop jobs pushed first into a fresh SQLite file, `PEERS_WORKERS` (50)
+//!   concurrent, every connection in WAL with synchronous=NORMAL: jobs/s
+//!   from the worker's start until the storage shows every job done.
+//! - **ruled**, through its own engine bench as a child
+//!   (`RULED_BENCH_SCENARIO=peers`): the same number of occurrences due on
+//!   each whole second, each claimed durably before it starts, and the same
+//!   drain with every state recorded, on SQLite.
 //!
-//! Then one table of ratios, ruled ÷ peer. Run from the repository root:
+//! Then the raw figures and one table of ratios, ruled ÷ peer, headed by
+//! the date and the machine. Run from the repository root (the first run
+//! builds ruled's bench in release, a few minutes):
 //!
 //! ```sh
 //! cargo run --release --manifest-path benches/peers/Cargo.toml
 //! ```
+//!
+//! Settings, from the environment: `PEERS_FIRES_PER_SECOND`,
+//! `PEERS_SECONDS`, `PEERS_DRAIN_JOBS`, `PEERS_WORKERS` as above;
+//! `PEERS_APALIS_BATCH`, `PEERS_APALIS_POLL_MS`,
+//! `PEERS_APALIS_MAX_CONNECTIONS` tune apalis-sqlite (the defaults were
+//! its fastest here); `PEERS_APALIS_CRON_MONITOR=0` spawns each apalis-cron
+//! worker on its own task instead of one `Monitor`;
+//! `PEERS_TOKIO_CRON_PHASE_MS` is how long after a whole second
+//! tokio-cron-scheduler is started (see `tokio_cron`);
+//! `PEERS_ONLY=tokio-cron,apalis-cron,apalis-sqlite,ruled` runs a subset;
+//! `PEERS_RULED_COMMAND` replaces ruled's bench with a shell command line
+//! that prints its two `peers:` lines, to try the parsing.
 //!
 //! Nothing here asserts a figure; the table goes to BENCHMARKS.md.
 
 mod apalis_cron;
 mod apalis_sqlite;
 mod fires;
+mod report;
 mod ruled;
 mod tokio_cron;
 
@@ -31,7 +49,8 @@ mod tokio_cron;
 #[path = "../../common/settings.rs"]
 mod settings;
 
-use fires::LagSummary;
+use std::time::Duration;
+
 use settings::env_or;
 
 #[tokio::main]
@@ -40,89 +59,131 @@ async fn main() {
     let seconds: u64 = env_or("PEERS_SECONDS", 10);
     let drain_jobs: usize = env_or("PEERS_DRAIN_JOBS", 10_000);
     let workers: usize = env_or("PEERS_WORKERS", 50);
-    let poll_ms: u64 = env_or("PEERS_APALIS_POLL_MS", 10);
+    let tuning = apalis_sqlite::Tuning {
+        concurrency: workers,
+        workers: env_or("PEERS_APALIS_WORKERS", 1).clamp(1, workers),
+        batch_size: env_or("PEERS_APALIS_BATCH", workers),
+        poll_ms: env_or("PEERS_APALIS_POLL_MS", 10),
+        max_connections: env_or("PEERS_APALIS_MAX_CONNECTIONS", 0),
+    };
+    let cron_monitored = env_or::<u8>("PEERS_APALIS_CRON_MONITOR", 1) != 0;
+    let phase = Duration::from_millis(env_or("PEERS_TOKIO_CRON_PHASE_MS", 1));
+    let only = std::env::var("PEERS_ONLY").ok();
+    let runs = |name: &str| {
+        only.as_deref()
+            .is_none_or(|list| list.split(',').any(|n| n.trim() == name))
+    };
 
-    eprintln!("tokio-cron-scheduler: {fires_per_second} jobs every second for {seconds} s");
-    let tokio_cron = tokio_cron::fires(fires_per_second, seconds).await;
-    eprintln!("  {tokio_cron:?}");
-    eprintln!("apalis-cron: {fires_per_second} workers every second for {seconds} s");
-    let apalis_cron = apalis_cron::fires(fires_per_second, seconds).await;
-    eprintln!("  {apalis_cron:?}");
-    eprintln!("apalis-sqlite: drain of {drain_jobs}, {workers} concurrent");
-    let apalis_sqlite = apalis_sqlite::drain(drain_jobs, workers, poll_ms).await;
-    eprintln!(
-        "  {:.0} jobs/s in {:.2} s (journal_mode {}, synchronous {})",
-        apalis_sqlite.jobs_per_second(),
-        apalis_sqlite.seconds,
-        apalis_sqlite.journal_mode,
-        apalis_sqlite.synchronous
-    );
-    eprintln!("ruled: cargo bench --bench engine, RULED_BENCH_SCENARIO=peers");
-    let ruled = ruled::run(fires_per_second, seconds, drain_jobs, workers).await;
+    let tokio_cron = if runs("tokio-cron") {
+        eprintln!(
+            "tokio-cron-scheduler: {fires_per_second} jobs every second, {seconds} s after a warm-up"
+        );
+        let lag = tokio_cron::fires(fires_per_second, seconds, phase).await;
+        eprintln!("  {}", lag.line());
+        Some(lag)
+    } else {
+        None
+    };
+    let apalis_cron = if runs("apalis-cron") {
+        eprintln!(
+            "apalis-cron: {fires_per_second} workers every second, {seconds} s after a warm-up"
+        );
+        let lag = apalis_cron::fires(fires_per_second, seconds, cron_monitored).await;
+        eprintln!("  {}", lag.line());
+        Some(lag)
+    } else {
+        None
+    };
+    let apalis_sqlite = if runs("apalis-sqlite") {
+        eprintln!("apalis-sqlite: drain of {drain_jobs} noop jobs, {workers} concurrent");
+        let drain = apalis_sqlite::drain(drain_jobs, tuning, env_or::<u8>("PEERS_APALIS_ANALYZE", 1) != 0).await;
+        eprintln!(
+            "  {:.0} jobs/s in {:.3} s (journal_mode {}, synchronous {})",
+            drain.jobs_per_second(),
+            drain.seconds,
+            drain.journal_mode,
+            drain.synchronous
+        );
+        Some(drain)
+    } else {
+        None
+    };
+    let ruled = if runs("ruled") {
+        eprintln!("ruled: {}, RULED_BENCH_SCENARIO=peers", ruled::describe());
+        Some(ruled::run(fires_per_second, seconds, drain_jobs, workers).await)
+    } else {
+        None
+    };
 
-    println!("{}", machine());
+    println!("# ruled and its Rust peers");
+    println!();
+    println!("{}", report::heading());
     println!(
-        "Settings: {fires_per_second} fires a second for {seconds} s; drain of {drain_jobs} noop jobs, {workers} workers; \
-         apalis-sqlite: {} (journal_mode {}, synchronous {}); ruled: SQLite, every state recorded, durable claims, \
-         cooldown 0, single-job mode.",
-        apalis_sqlite.settings, apalis_sqlite.journal_mode, apalis_sqlite.synchronous
+        "Settings: PEERS_FIRES_PER_SECOND={fires_per_second} PEERS_SECONDS={seconds} \
+         PEERS_DRAIN_JOBS={drain_jobs} PEERS_WORKERS={workers}"
     );
     println!();
-    println!("| measure | ruled | peer | peer's figure | ruled ÷ peer | better is |");
-    println!("|---|---:|---|---:|---:|---|");
-    println!(
-        "| drain, {drain_jobs} noop jobs, jobs/s | {:.0} | apalis-sqlite | {:.0} | **{:.1}×** | higher |",
-        ruled.drain_jobs_per_second,
-        apalis_sqlite.jobs_per_second(),
-        ruled.drain_jobs_per_second / apalis_sqlite.jobs_per_second(),
-    );
-    for (peer, figures) in [
-        ("tokio-cron-scheduler", tokio_cron),
-        ("apalis-cron", apalis_cron),
-    ] {
-        lag_rows(fires_per_second, &ruled.fires, peer, &figures);
-    }
+    println!("## Raw figures");
     println!();
-    println!(
-        "ruled's drain: {} jobs in {:.2} s from the service's start; fires: {} due, lag measured from the due second \
-         (ruled records whole milliseconds).",
-        ruled.drain_jobs, ruled.drain_seconds, ruled.fires.fires
-    );
-}
-
-fn lag_rows(per_second: usize, ruled: &LagSummary, peer: &str, figures: &LagSummary) {
-    for (name, ours, theirs) in [
-        ("p50", ruled.p50_ms, figures.p50_ms),
-        ("p99", ruled.p99_ms, figures.p99_ms),
-    ] {
+    println!("```");
+    if let Some(lag) = &tokio_cron {
         println!(
-            "| start lag {name}, {per_second} fires a second | {ours:.1} ms | {peer} | {theirs:.2} ms | {:.1} | lower |",
-            ours / theirs
+            "tokio-cron-scheduler 0.15.1: {fires_per_second} Job::new_async(\"* * * * * *\") in one JobScheduler, \
+             started {} ms after a whole second",
+            phase.as_millis()
+        );
+        println!("  {}", lag.line());
+    }
+    if let Some(lag) = &apalis_cron {
+        println!(
+            "apalis-cron 1.0.0: {fires_per_second} workers, each a CronScheduler on \"* * * * * *\", {}; \
+             lag from the tick's own timestamp",
+            if cron_monitored {
+                "registered in one Monitor, stopped through run_with_signal"
+            } else {
+                "each spawned on its own task, stopped through run_until"
+            }
+        );
+        println!("  {}", lag.line());
+    }
+    if let Some(drain) = &apalis_sqlite {
+        println!("apalis-sqlite 1.0.0: {}", tuning.describe());
+        println!(
+            "  jobs={} seconds={:.3} jobs_per_second={:.1} journal_mode={} synchronous={}",
+            drain.jobs,
+            drain.seconds,
+            drain.jobs_per_second(),
+            drain.journal_mode,
+            drain.synchronous
         );
     }
-    println!(
-        "| fires lost of {} | {} | {peer} | {} of {} | — | fewer |",
-        ruled.fires, ruled.lost, figures.lost, figures.fires
-    );
-}
-
-/// The date and the machine, for the table's heading.
-fn machine() -> String {
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let model = cpuinfo
-        .lines()
-        .find_map(|line| line.strip_prefix("model name"))
-        .and_then(|rest| rest.split(':').nth(1))
-        .map_or("unknown CPU".to_string(), |name| name.trim().to_string());
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    let memory_gib = meminfo
-        .lines()
-        .find_map(|line| line.strip_prefix("MemTotal:"))
-        .and_then(|rest| rest.split_whitespace().next()?.parse::<f64>().ok())
-        .map_or(0.0, |kib| kib / 1024.0 / 1024.0);
-    format!(
-        "{} UTC, {model}, {cores} cores, {memory_gib:.0} GiB",
-        chrono::Utc::now().format("%Y-%m-%d %H:%M")
-    )
+    if let Some(ruled) = &ruled {
+        println!(
+            "ruled: {} with RULED_BENCH_SCENARIO=peers RULED_BENCH_BACKENDS=sqlite",
+            ruled::describe()
+        );
+        for line in &ruled.lines {
+            println!("  {line}");
+        }
+    }
+    println!("```");
+    if tokio_cron.is_some() || apalis_cron.is_some() {
+        println!();
+        println!(
+            "Start lag: the moment a job's body starts − the whole second it was due (every job is due on .000). \
+             observed = fires that started in the measured window; doubles = a job seen twice for one second \
+             (a fire more than a second late would show as one lost and one double)."
+        );
+    }
+    println!();
+    println!("## ruled ÷ peer");
+    println!();
+    report::table(&report::Figures {
+        fires_per_second,
+        drain_jobs,
+        tokio_cron,
+        apalis_cron,
+        apalis_sqlite,
+        ruled,
+    });
 }
