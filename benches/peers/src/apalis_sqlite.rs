@@ -1,6 +1,22 @@
 //! apalis with its SQLite storage: a drain of noop jobs pushed before the
-//! worker starts, every connection in WAL with synchronous=NORMAL, as
+//! workers start, every connection in WAL with synchronous=NORMAL, as
 //! ruled's are.
+//!
+//! What makes apalis-sqlite 1.0 fast or slow here, found on this machine
+//! (2 cores) with 10,000 jobs:
+//!
+//! - One worker with concurrency 50 drains at ~580 jobs/s whatever its
+//!   batch size or poll interval: its ack is an `UPDATE … FROM
+//!   json_each(?)` that SQLite plans as a walk over every job that worker
+//!   ever locked, re-parsing the JSON for each, so each ack batch costs
+//!   time in proportion to the jobs already done.
+//! - Several workers on sqlx's default pool (several connections) are
+//!   often ended by `database is locked` (SQLITE_BUSY) from each other's
+//!   write transactions; a dead worker's fetched jobs then wait a minute
+//!   for another worker's heartbeat to take them back as orphans.
+//! - One worker per unit of concurrency (50 workers, concurrency 1 each),
+//!   every one on one shared connection, batch 50: ~7,000–10,000 jobs/s,
+//!   and no errors. That is the default here.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -11,22 +27,26 @@ use apalis_sqlite::{Config, SqliteConnectOptions, SqlitePoolOptions, SqliteStora
 use sqlx::sqlite::{SqliteJournalMode, SqliteSynchronous};
 use tokio::sync::Notify;
 
-/// How apalis is set up for the drain; the defaults are the fastest found
-/// on this machine (see `BENCHMARKS.md` and the crate's doc comment).
+/// How apalis is set up for the drain.
 #[derive(Debug, Clone, Copy)]
 pub struct Tuning {
     /// Jobs in flight at once, over all workers: ruled's worker count.
     pub concurrency: usize,
-    /// apalis workers sharing that concurrency.
+    /// apalis workers sharing that concurrency, each with its own name,
+    /// fetch loop and event writer.
     pub workers: usize,
-    /// Tasks fetched per query; the storage's event channel is four times
-    /// this, so it also bounds how many lock/ack events wait for a write.
+    /// Tasks a worker fetches per query; its lock/ack event channel holds
+    /// four times as many.
     pub batch_size: usize,
-    /// How often an idle worker is woken to fetch again; 0 leaves the
-    /// storage to its own wake-ups (no poll strategy).
+    /// How often an idle worker is woken to fetch again; 0 leaves it to
+    /// the storage's own wake-ups (no poll strategy).
     pub poll_ms: u64,
-    /// The pool's connections; 0 keeps sqlx's default.
+    /// The pool's connections, shared by all workers; 0 keeps sqlx's
+    /// default.
     pub max_connections: u32,
+    /// `ANALYZE` once the jobs are in, before the clock starts: apalis's
+    /// `setup` runs `PRAGMA optimize` on empty tables only.
+    pub analyze: bool,
 }
 
 impl Tuning {
@@ -37,22 +57,31 @@ impl Tuning {
         };
         let pool = match self.max_connections {
             0 => "sqlx's default pool".to_string(),
-            n => format!("pool of {n}"),
+            1 => "one pooled connection shared by all".to_string(),
+            n => format!("a pool of {n} connections"),
         };
         format!(
-            "{} worker(s) sharing concurrency {}, batch_size {}, {poll}, {pool}, lock_tasks and persist_results on (the defaults: \
-             Queued, Running and Done are all written)",
-            self.workers, self.concurrency, self.batch_size
+            "{} worker(s) sharing concurrency {}, batch_size {}, {poll}, {pool}, {}; lock_tasks and \
+             persist_results on (the defaults: Queued, Running and Done are each written)",
+            self.workers,
+            self.concurrency,
+            self.batch_size,
+            if self.analyze {
+                "ANALYZE after the push"
+            } else {
+                "no ANALYZE"
+            },
         )
     }
 }
 
 pub struct Drain {
-    pub analyzed: bool,
     pub jobs: usize,
     pub seconds: f64,
     pub journal_mode: String,
     pub synchronous: String,
+    /// Workers that ended during the drain, and why.
+    pub errors: Vec<String>,
 }
 
 impl Drain {
@@ -61,7 +90,7 @@ impl Drain {
     }
 }
 
-/// The handler's count: the drain is over when the storage says every job
+/// The handlers' count: the drain is over when the storage says every job
 /// is done, but the count says when to start looking.
 #[derive(Clone)]
 struct Progress {
@@ -78,13 +107,7 @@ async fn noop(_job: u32, progress: Data<Progress>) -> Result<(), BoxDynError> {
     Ok(())
 }
 
-/// `analyze`: run SQLite's `ANALYZE` once the jobs are in, before the
-/// clock starts. apalis's `setup` runs `PRAGMA optimize` on empty tables,
-/// so without statistics SQLite plans the lock and ack updates as scans
-/// (of every pending job, of every job this worker ever locked): each
-/// batch of events then costs time in proportion to the table, and the
-/// drain slows as it goes. With statistics both go through the id index.
-pub async fn drain(jobs: usize, tuning: Tuning, analyze: bool) -> Drain {
+pub async fn drain(jobs: usize, tuning: Tuning) -> Drain {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let options = SqliteConnectOptions::new()
         .filename(dir.path().join("apalis.db"))
@@ -94,9 +117,10 @@ pub async fn drain(jobs: usize, tuning: Tuning, analyze: bool) -> Drain {
     let config = Config::default()
         .queue("drain")
         .batch_size(tuning.batch_size);
-    // Migrations, the push and ANALYZE go through a pool of their own,
-    // closed before the drain: SQLite loads statistics when a connection
-    // opens, so only connections opened after ANALYZE plan with them.
+
+    // Migrations, the push and ANALYZE go through a connection of their
+    // own, closed before the drain: SQLite reads statistics when a
+    // connection opens.
     let setup = SqlitePoolOptions::new()
         .max_connections(1)
         .connect_with(options.clone())
@@ -116,7 +140,7 @@ pub async fn drain(jobs: usize, tuning: Tuning, analyze: bool) -> Drain {
         .push_bulk((0..jobs as u32).collect())
         .await
         .expect("jobs pushed");
-    if analyze {
+    if tuning.analyze {
         sqlx::query("ANALYZE")
             .execute(&setup)
             .await
@@ -129,7 +153,7 @@ pub async fn drain(jobs: usize, tuning: Tuning, analyze: bool) -> Drain {
         pool_options = pool_options.max_connections(tuning.max_connections);
     }
     let pool = pool_options
-        .connect_with(options)
+        .connect_with(options.clone())
         .await
         .expect("the drain pool");
     let journal_mode: String = sqlx::query_scalar("PRAGMA journal_mode")
@@ -140,15 +164,13 @@ pub async fn drain(jobs: usize, tuning: Tuning, analyze: bool) -> Drain {
         .fetch_one(&pool)
         .await
         .expect("synchronous");
+    // Counting done jobs must not take a connection from the workers.
+    let watch = SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(options)
+        .await
+        .expect("the watching pool");
     let storage = SqliteStorage::<u32>::new(&pool).with_config(config);
-    if std::env::var("PEERS_DEBUG_PLAN").is_ok() {
-        let v: String = sqlx::query_scalar("select sqlite_version()").fetch_one(&pool).await.unwrap();
-        eprintln!("sqlite {v}");
-        for q in [include_str!("/root/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/apalis-sqlite-1.0.0/queries/task/ack.sql"), include_str!("/root/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/apalis-sqlite-1.0.0/queries/task/lock.sql")] {
-            let rows: Vec<(i64, i64, i64, String)> = sqlx::query_as(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {q}"))).bind("[]").bind("w").fetch_all(&pool).await.unwrap();
-            for r in rows { eprintln!("{r:?}"); }
-        }
-    }
 
     let progress = Progress {
         handled: Arc::new(AtomicUsize::new(0)),
@@ -156,10 +178,11 @@ pub async fn drain(jobs: usize, tuning: Tuning, analyze: bool) -> Drain {
         all_handled: Arc::new(Notify::new()),
     };
     let all_handled = Arc::clone(&progress.all_handled);
-    // The total concurrency is split over `tuning.workers` apalis workers,
-    // each with its own name, fetch loop and event writer.
     let shares: Vec<usize> = (0..tuning.workers)
-        .map(|i| tuning.concurrency / tuning.workers + usize::from(i < tuning.concurrency % tuning.workers))
+        .map(|i| {
+            tuning.concurrency / tuning.workers
+                + usize::from(i < tuning.concurrency % tuning.workers)
+        })
         .collect();
     let started = Instant::now();
     let running: Vec<_> = shares
@@ -175,12 +198,9 @@ pub async fn drain(jobs: usize, tuning: Tuning, analyze: bool) -> Drain {
                     .build(noop);
                 tokio::spawn(worker.run())
             } else {
+                let interval = Duration::from_millis(tuning.poll_ms);
                 let worker = WorkerBuilder::new(name)
-                    .backend(
-                        storage
-                            .clone()
-                            .poll_with_interval(Duration::from_millis(tuning.poll_ms)),
-                    )
+                    .backend(storage.clone().poll_with_interval(interval))
                     .concurrency(share)
                     .data(progress.clone())
                     .build(noop);
@@ -189,11 +209,11 @@ pub async fn drain(jobs: usize, tuning: Tuning, analyze: bool) -> Drain {
         })
         .collect();
     all_handled.notified().await;
-    // A job is done for apalis when its ack is written, which follows the
-    // handler's return.
+    // A job is done for apalis when its ack is written, after the handler
+    // returned.
     loop {
         let done: i64 = sqlx::query_scalar("SELECT count(*) FROM Jobs WHERE status = 'Done'")
-            .fetch_one(&pool)
+            .fetch_one(&watch)
             .await
             .expect("done count");
         if done as usize >= jobs {
@@ -202,13 +222,25 @@ pub async fn drain(jobs: usize, tuning: Tuning, analyze: bool) -> Drain {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let seconds = started.elapsed().as_secs_f64();
+
+    // A worker that ended before the drain did hit an error (a storage
+    // error ends an apalis worker).
+    let mut errors = Vec::new();
     for worker in running {
-        worker.abort();
-        let _ = worker.await;
+        if worker.is_finished() {
+            match worker.await {
+                Ok(Ok(())) => errors.push("ended early without an error".to_string()),
+                Ok(Err(e)) => errors.push(e.to_string()),
+                Err(e) => errors.push(e.to_string()),
+            }
+        } else {
+            worker.abort();
+            let _ = worker.await;
+        }
     }
+    watch.close().await;
     pool.close().await;
     Drain {
-        analyzed: analyze,
         jobs,
         seconds,
         journal_mode,
@@ -218,5 +250,6 @@ pub async fn drain(jobs: usize, tuning: Tuning, analyze: bool) -> Drain {
             2 => "FULL".to_string(),
             other => other.to_string(),
         },
+        errors,
     }
 }

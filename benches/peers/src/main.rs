@@ -26,9 +26,10 @@
 //!
 //! Settings, from the environment: `PEERS_FIRES_PER_SECOND`,
 //! `PEERS_SECONDS`, `PEERS_DRAIN_JOBS`, `PEERS_WORKERS` as above;
-//! `PEERS_APALIS_BATCH`, `PEERS_APALIS_POLL_MS`,
-//! `PEERS_APALIS_MAX_CONNECTIONS` tune apalis-sqlite (the defaults were
-//! its fastest here); `PEERS_APALIS_CRON_MONITOR=0` spawns each apalis-cron
+//! `PEERS_APALIS_WORKERS` (= `PEERS_WORKERS`), `PEERS_APALIS_BATCH` (50),
+//! `PEERS_APALIS_POLL_MS` (1), `PEERS_APALIS_MAX_CONNECTIONS` (1),
+//! `PEERS_APALIS_ANALYZE` (1) set up apalis-sqlite (the defaults were its
+//! fastest here: see `apalis_sqlite`); `PEERS_APALIS_CRON_MONITOR=0` spawns each apalis-cron
 //! worker on its own task instead of one `Monitor`;
 //! `PEERS_TOKIO_CRON_PHASE_MS` is how long after a whole second
 //! tokio-cron-scheduler is started (see `tokio_cron`);
@@ -59,12 +60,14 @@ async fn main() {
     let seconds: u64 = env_or("PEERS_SECONDS", 10);
     let drain_jobs: usize = env_or("PEERS_DRAIN_JOBS", 10_000);
     let workers: usize = env_or("PEERS_WORKERS", 50);
+    // apalis-sqlite's fastest set-up found here; see `apalis_sqlite`.
     let tuning = apalis_sqlite::Tuning {
         concurrency: workers,
-        workers: env_or("PEERS_APALIS_WORKERS", 1).clamp(1, workers),
-        batch_size: env_or("PEERS_APALIS_BATCH", workers),
-        poll_ms: env_or("PEERS_APALIS_POLL_MS", 10),
-        max_connections: env_or("PEERS_APALIS_MAX_CONNECTIONS", 0),
+        workers: env_or("PEERS_APALIS_WORKERS", workers).clamp(1, workers.max(1)),
+        batch_size: env_or("PEERS_APALIS_BATCH", 50),
+        poll_ms: env_or("PEERS_APALIS_POLL_MS", 1),
+        max_connections: env_or("PEERS_APALIS_MAX_CONNECTIONS", 1),
+        analyze: env_or::<u8>("PEERS_APALIS_ANALYZE", 1) != 0,
     };
     let cron_monitored = env_or::<u8>("PEERS_APALIS_CRON_MONITOR", 1) != 0;
     let phase = Duration::from_millis(env_or("PEERS_TOKIO_CRON_PHASE_MS", 1));
@@ -96,7 +99,7 @@ async fn main() {
     };
     let apalis_sqlite = if runs("apalis-sqlite") {
         eprintln!("apalis-sqlite: drain of {drain_jobs} noop jobs, {workers} concurrent");
-        let drain = apalis_sqlite::drain(drain_jobs, tuning, env_or::<u8>("PEERS_APALIS_ANALYZE", 1) != 0).await;
+        let drain = apalis_sqlite::drain(drain_jobs, tuning).await;
         eprintln!(
             "  {:.0} jobs/s in {:.3} s (journal_mode {}, synchronous {})",
             drain.jobs_per_second(),
@@ -104,6 +107,9 @@ async fn main() {
             drain.journal_mode,
             drain.synchronous
         );
+        for error in &drain.errors {
+            eprintln!("  a worker ended: {error}");
+        }
         Some(drain)
     } else {
         None
@@ -156,6 +162,13 @@ async fn main() {
             drain.journal_mode,
             drain.synchronous
         );
+        if !drain.errors.is_empty() {
+            println!(
+                "  {} worker(s) ended during the drain: {}",
+                drain.errors.len(),
+                drain.errors.join("; ")
+            );
+        }
     }
     if let Some(ruled) = &ruled {
         println!(

@@ -73,11 +73,19 @@ pub fn heading() -> String {
         .lines()
         .find_map(|line| line.strip_prefix("model name"))
         .and_then(|rest| rest.split_once(':'))
-        .map_or("unknown CPU".to_string(), |(_, name)| name.trim().to_string());
+        .map_or("unknown CPU".to_string(), |(_, name)| {
+            name.trim().to_string()
+        });
     let nproc = std::process::Command::new("nproc")
         .output()
         .ok()
-        .and_then(|out| String::from_utf8(out.stdout).ok()?.trim().parse::<usize>().ok())
+        .and_then(|out| {
+            String::from_utf8(out.stdout)
+                .ok()?
+                .trim()
+                .parse::<usize>()
+                .ok()
+        })
         .or_else(|| std::thread::available_parallelism().ok().map(|n| n.get()))
         .unwrap_or(0);
     let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
@@ -119,7 +127,7 @@ fn ratio(ours: Option<f64>, theirs: Option<f64>, suffix: &str) -> String {
                 format!("{r:.3}{suffix}")
             }
         }
-        (Some(ours), Some(_)) if ours == 0.0 => "—".to_string(),
+        (Some(0.0), Some(_)) => "—".to_string(),
         (Some(_), Some(_)) => "∞".to_string(),
         _ => "—".to_string(),
     }

@@ -61,6 +61,34 @@ pub async fn run(
             cargo
         }
     };
+    // `cargo run` gave this process the peers crate's CARGO_PKG_* and its
+    // library path; build scripts that watch those would see a changed
+    // environment and rebuild ruled's dependencies on every run.
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        if name.starts_with("CARGO_") && name != "CARGO_HOME" {
+            command.env_remove(name.as_ref());
+        }
+    }
+    // Entries `cargo run` added: the peers crate's own build outputs and
+    // the toolchain's libraries.
+    let added = [
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")),
+        PathBuf::from(std::env::var_os("RUSTUP_HOME").unwrap_or_default()).join("toolchains"),
+    ];
+    if let Some(paths) = std::env::var_os("LD_LIBRARY_PATH") {
+        let kept: Vec<PathBuf> = std::env::split_paths(&paths)
+            .filter(|path| {
+                !added
+                    .iter()
+                    .any(|prefix| !prefix.as_os_str().is_empty() && path.starts_with(prefix))
+            })
+            .collect();
+        match std::env::join_paths(kept) {
+            Ok(joined) if !joined.is_empty() => command.env("LD_LIBRARY_PATH", joined),
+            _ => command.env_remove("LD_LIBRARY_PATH"),
+        };
+    }
     let mut child = command
         .env("RULED_BENCH_SCENARIO", "peers")
         .env("RULED_BENCH_BACKENDS", "sqlite")
@@ -68,10 +96,6 @@ pub async fn run(
         .env("RULED_BENCH_FIRES_PER_SECOND", fires_per_second.to_string())
         .env("RULED_BENCH_SECONDS", seconds.to_string())
         .env("RULED_BENCH_DRAIN_JOBS", drain_jobs.to_string())
-        // `cargo run` may have pointed these at the peers crate; the child
-        // builds ruled in ruled's own target directory.
-        .env_remove("CARGO_TARGET_DIR")
-        .env_remove("CARGO_MANIFEST_DIR")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
