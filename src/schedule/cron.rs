@@ -19,9 +19,11 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use chrono::{DateTime, LocalResult, NaiveDateTime, TimeZone, Utc};
 use chrono_tz::{GapInfo, Tz};
+
 use croner::Cron;
 use croner::parser::{CronParser, Seconds};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -37,8 +39,14 @@ const MAX_SKIPPED_MATCHES: usize = 4 * 24 * 60;
 /// A parsed, validated 5-field cron expression.
 ///
 /// Two schedules are equal when their expressions are written the same way.
+///
+/// Shared, not copied: every job spec and every next-run computation takes
+/// its rule's schedule, and a parsed `Cron` is several vectors deep (a deep
+/// clone was 3% of a drain's CPU).
 #[derive(Clone)]
-pub struct CronSchedule {
+pub struct CronSchedule(Arc<Parsed>);
+
+struct Parsed {
     expression: String,
     fields: Fields,
     engine: Cron,
@@ -66,23 +74,23 @@ impl CronSchedule {
             .build()
             .parse(&normalized)
             .map_err(|e| invalid(e.to_string()))?;
-        Ok(CronSchedule {
+        Ok(CronSchedule(Arc::new(Parsed {
             expression: expression.trim().to_string(),
             fields,
             engine,
-        })
+        })))
     }
 
     /// The expression as written (surrounding whitespace removed).
     pub fn expression(&self) -> &str {
-        &self.expression
+        &self.0.expression
     }
 
     /// Whether the expression names fixed wall-clock times (fires once per
     /// matching wall time across DST) rather than an interval (follows real
     /// elapsed time). See the module documentation.
     pub fn is_fixed_time(&self) -> bool {
-        self.fields.is_fixed_time()
+        self.0.fields.is_fixed_time()
     }
 
     /// Next occurrence strictly after `after`, evaluated in `tz`.
@@ -91,10 +99,11 @@ impl CronSchedule {
     /// the way adding 24 h does across DST. The search is bounded: an
     /// expression with no occurrence left (before year 5000) is an error.
     pub fn next_after(&self, tz: Tz, after: DateTime<Utc>) -> Result<DateTime<Utc>, ScheduleError> {
-        let next = if self.fields.is_fixed_time() {
+        let next = if self.0.fields.is_fixed_time() {
             self.next_fixed_time(tz, after)
         } else {
-            self.engine
+            self.0
+                .engine
                 .find_next_occurrence(&after.with_timezone(&tz), false)
                 .ok()
                 .map(|next| next.with_timezone(&Utc))
@@ -104,7 +113,7 @@ impl CronSchedule {
             // plan) finite even if the engine ever returned a time not ahead.
             Some(next) if next > after => Ok(next),
             _ => Err(ScheduleError::NoOccurrence {
-                expression: self.expression.clone(),
+                expression: self.0.expression.clone(),
                 tz,
                 after,
             }),
@@ -116,13 +125,13 @@ impl CronSchedule {
     /// repeated hour matches too, even where a fixed-time schedule does not
     /// fire on it.
     pub fn matches(&self, tz: Tz, t: DateTime<Utc>) -> bool {
-        self.fields.matches(t.with_timezone(&tz).naive_local())
+        self.0.fields.matches(t.with_timezone(&tz).naive_local())
     }
 
     /// Does a wall-clock time match (minute resolution)? Unlike
     /// [`CronSchedule::matches`] this can ask about a time that a zone skips.
     pub fn matches_local(&self, local: NaiveDateTime) -> bool {
-        self.fields.matches(local)
+        self.0.fields.matches(local)
     }
 
     /// Walks wall-clock matches after `after`'s wall time and resolves each
@@ -131,7 +140,7 @@ impl CronSchedule {
     fn next_fixed_time(&self, tz: Tz, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
         let mut wall = after.with_timezone(&tz).naive_local();
         for _ in 0..MAX_SKIPPED_MATCHES {
-            wall = self.engine.find_next_occurrence(&wall, false).ok()?;
+            wall = self.0.engine.find_next_occurrence(&wall, false).ok()?;
             let instant = match tz.from_local_datetime(&wall) {
                 LocalResult::Single(instant) => Some(instant),
                 // The later pass is skipped even when the earlier one lies
@@ -179,20 +188,20 @@ impl ScheduleCache {
 impl fmt::Debug for CronSchedule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_tuple("CronSchedule")
-            .field(&self.expression)
+            .field(&self.0.expression)
             .finish()
     }
 }
 
 impl fmt::Display for CronSchedule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.expression)
+        f.write_str(&self.0.expression)
     }
 }
 
 impl PartialEq for CronSchedule {
     fn eq(&self, other: &Self) -> bool {
-        self.expression == other.expression
+        self.0.expression == other.0.expression
     }
 }
 
@@ -208,7 +217,7 @@ impl FromStr for CronSchedule {
 
 impl Serialize for CronSchedule {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(&self.expression)
+        serializer.serialize_str(&self.0.expression)
     }
 }
 
@@ -304,6 +313,7 @@ mod tests {
                 for _ in 0..400 {
                     ours = schedule.next_after(tz, ours).unwrap();
                     native = schedule
+                        .0
                         .engine
                         .find_next_occurrence(&native, false)
                         .unwrap();
@@ -324,6 +334,7 @@ mod tests {
         assert_eq!(second, Utc.with_ymd_and_hms(2026, 11, 1, 18, 0, 0).unwrap());
         // croner alone would also fire at 01:00 EST.
         let native = schedule
+            .0
             .engine
             .find_next_occurrence(&first.with_timezone(&ny), false)
             .unwrap();
