@@ -46,7 +46,9 @@ fn config(database_url: &str, dir: &std::path::Path, workers: usize) -> Config {
         worker_cooldown: Duration::ZERO,
         worker_stagger: Duration::ZERO,
         // More than one tick's cap: the burst needs several fetches anyway.
-        plan_action_details_cap: 20_000,
+        // RULED_BENCH_ACTION_DETAILS_CAP changes it, to see what rules past
+        // the cap cost (their workers read their steps from the database).
+        plan_action_details_cap: common::env_or("RULED_BENCH_ACTION_DETAILS_CAP", 20_000),
         // A free port: the bench must not collide with a running ruled.
         http_addr: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
         ..Config::default()

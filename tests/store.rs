@@ -491,6 +491,46 @@ both_backends!(empty_database_loads_empty_plan, |db: TestDb| async move {
 });
 
 both_backends!(
+    action_steps_of_many_rules_come_in_one_answer_in_position_order,
+    |db: TestDb| async move {
+        let store = db.store().await;
+        let data = fixture();
+        insert_all(&store, &data).await;
+        let template = |n: u32| {
+            data.action_templates
+                .iter()
+                .find(|t| t.id == id(n))
+                .cloned()
+        };
+        let detail_of = |n: u32| {
+            data.action_details
+                .iter()
+                .find(|d| d.id == id(n))
+                .cloned()
+                .unwrap()
+        };
+        // 1,200 ids: the statement binds each id, so they go in chunks;
+        // 51 and 52 sit in different ones, among ids with no details.
+        let mut asked: Vec<Uuid> = (1_000..2_200).map(id).collect();
+        asked[0] = id(52);
+        asked[1_100] = id(51);
+        let steps = store.action_steps_of(&asked).await.unwrap();
+
+        assert_eq!(steps.len(), asked.len(), "every id asked for is answered");
+        assert_eq!(
+            steps[&id(51)],
+            vec![(detail_of(61), template(41)), (detail_of(62), template(42))]
+        );
+        assert_eq!(steps[&id(52)], vec![(detail_of(63), template(41))]);
+        assert!(steps[&id(1_001)].is_empty());
+        assert_eq!(store.action_steps(id(51)).await.unwrap(), steps[&id(51)]);
+        assert!(store.action_steps(id(9_999)).await.unwrap().is_empty());
+        assert!(store.action_steps_of(&[]).await.unwrap().is_empty());
+        store.close().await;
+    }
+);
+
+both_backends!(
     action_details_are_capped_in_order,
     |db: TestDb| async move {
         let store = db.store().await;

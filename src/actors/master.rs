@@ -26,7 +26,7 @@ use crate::messages::worker::{CancelReason, Job};
 use crate::messages::{MasterMsg, MemoryGuardMsg, PlanMsg, RefresherMsg, WorkerMsg};
 use crate::metrics as m;
 use crate::model::{ExecutionStatus, Millis};
-use crate::plan::{Ending, JobSpec, decide_due, overlap_due};
+use crate::plan::{Ending, JobSpec, decide_due, job_steps, overlap_due};
 use crate::queue::{
     BacklogChange, BacklogTrend, Capacity, DedupReason, JobQueue, StartLagHistory, WorkerPool,
     claim_room,
@@ -466,6 +466,7 @@ impl MasterState {
             claims.spawn(async move { (index, batcher.claim(&request).await) });
         }
         let master = myself.clone();
+        let store = self.args.store.clone();
         tokio::spawn(async move {
             let mut outcomes: Vec<Result<Option<Claim>, String>> =
                 vec![Err("the claim task was lost".to_string()); specs.len()];
@@ -474,9 +475,9 @@ impl MasterState {
                     outcomes[index] = outcome.map_err(|e| e.to_string());
                 }
             }
-            let _ = master.cast(MasterMsg::ClaimsDone(
-                specs.into_iter().zip(outcomes).collect(),
-            ));
+            let mut results: Vec<_> = specs.into_iter().zip(outcomes).collect();
+            read_uncached_steps(&store, &mut results).await;
+            let _ = master.cast(MasterMsg::ClaimsDone(results));
         });
     }
 
@@ -1121,6 +1122,42 @@ fn rest_after_each_job(config: &Config) -> Millis {
         config.worker_cooldown.as_millis() as Millis
     } else {
         0
+    }
+}
+
+/// Reads in one go the action steps of the won claims whose rules the
+/// plan's capped cache does not hold. If the read fails they stay `None`
+/// and each worker reads its own (recording the occurrence failed, and due
+/// again, if that fails too).
+async fn read_uncached_steps(
+    store: &Store,
+    results: &mut [(JobSpec, Result<Option<Claim>, String>)],
+) {
+    let uncached: Vec<Uuid> = results
+        .iter()
+        .filter(|(spec, outcome)| spec.steps.is_none() && matches!(outcome, Ok(Some(_))))
+        .map(|(spec, _)| spec.branch_rule.id)
+        .collect();
+    if uncached.is_empty() {
+        return;
+    }
+    match store.action_steps_of(&uncached).await {
+        Ok(mut read) => {
+            for (spec, _) in results.iter_mut() {
+                if spec.steps.is_none()
+                    && let Some(steps) = read.remove(&spec.branch_rule.id)
+                {
+                    spec.steps = Some(job_steps(steps));
+                }
+            }
+        }
+        Err(e) => {
+            metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "action_steps").increment(1);
+            warn!(
+                "⚠️ Action details of {} claimed rule(s) not read for their batch; each worker reads its own: {e}",
+                uncached.len()
+            );
+        }
     }
 }
 

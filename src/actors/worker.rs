@@ -23,7 +23,7 @@ use crate::messages::worker::{CancelReason, Job, JobOutcome};
 use crate::messages::{MasterMsg, PlanMsg, WorkerMsg};
 use crate::metrics as m;
 use crate::model::{ExecutionStatus, Millis};
-use crate::plan::{Ending, FinishDecision, JobStep, RunEnd, decide_finish};
+use crate::plan::{Ending, FinishDecision, JobStep, RunEnd, decide_finish, job_steps};
 use crate::schedule::CronSchedule;
 use crate::store::{PendingTransition, Store, Transition, TransitionBatcher};
 use chrono_tz::Tz;
@@ -249,10 +249,7 @@ impl WorkerState {
             Some(steps) => steps,
             // Past the plan's action-details cap: read them now.
             None => match args.store.action_steps(branch_rule_id).await {
-                Ok(rows) => rows
-                    .into_iter()
-                    .map(|(detail, template)| JobStep { detail, template })
-                    .collect(),
+                Ok(rows) => job_steps(rows),
                 Err(e) => {
                     // Nothing ran: the occurrence is not consumed. It is
                     // recorded Failed with the reason and, its next run

@@ -19,6 +19,13 @@ pub struct JobStep {
     pub template: Option<ActionTemplate>,
 }
 
+/// Steps as the store reads them for a rule past the plan's cache.
+pub fn job_steps(rows: Vec<(ActionDetail, Option<ActionTemplate>)>) -> Vec<JobStep> {
+    rows.into_iter()
+        .map(|(detail, template)| JobStep { detail, template })
+        .collect()
+}
+
 /// Everything a worker needs, copied out of the plan at fetch time.
 #[derive(Debug, Clone)]
 pub struct JobSpec {

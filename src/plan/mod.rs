@@ -37,7 +37,9 @@ pub use decide::{
     Cadence, DueDecision, Ending, FinishDecision, MAX_OCCURRENCES_PER_DECISION,
     MISFIRE_THRESHOLD_MS, RunEnd, decide_due, decide_finish, overlap_due,
 };
-pub use jobs::{JobSpec, JobStep, job_spec, missed_windows, next_wake, next_wake_while_busy};
+pub use jobs::{
+    JobSpec, JobStep, job_spec, job_steps, missed_windows, next_wake, next_wake_while_busy,
+};
 pub use journal::{JournalRead, PlanChanges, PlanDelta, parse_journal};
 pub use merge::{MergeOptions, MergeReport, NextRunChange, merge};
 pub use next_run::{PlanError, local_next_run_time, schedule_of};

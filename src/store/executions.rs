@@ -8,7 +8,7 @@
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::binds::{Bind, bound_query};
+use super::binds::Bind;
 use super::decode::{AnyRow, RowReader, id_text};
 use super::{Store, StoreError};
 use crate::model::{Execution, ExecutionStatus, Millis};
@@ -267,19 +267,6 @@ pub(super) fn error_text(error: Option<&str>) -> Option<String> {
     error.map(|e| truncate_utf8(e, ERROR_CAP_BYTES).to_string())
 }
 
-/// Runs a dynamic SELECT of executions on whichever pool `$store` holds.
-macro_rules! fetch_dynamic {
-    ($pool:expr, $sql:expr, $binds:expr) => {{
-        match bound_query!($sql, $binds).fetch_all($pool).await {
-            Ok(rows) => rows.iter().map(decode_execution).collect(),
-            Err(error) => Err(StoreError::Query {
-                op: "list executions",
-                error,
-            }),
-        }
-    }};
-}
-
 impl Store {
     pub async fn execution(&self, id: Uuid) -> Result<Option<Execution>, StoreError> {
         let op = "select execution";
@@ -417,10 +404,7 @@ impl Store {
         };
         sql.push_str(&format!(" ORDER BY {order} LIMIT {p_limit}"));
 
-        match self {
-            Store::Sqlite(pool) => fetch_dynamic!(pool, sql, binds),
-            Store::Postgres(pool) => fetch_dynamic!(pool, sql, binds),
-        }
+        fetch_bound!(self, "list executions", decode_execution, sql, binds)
     }
 
     /// Crash recovery and takeover, in one transaction: every non-terminal

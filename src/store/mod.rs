@@ -61,6 +61,35 @@ macro_rules! fetch_all_on {
     };
 }
 
+/// [`fetch_all_on!`] for a statement assembled at run time with its
+/// [`binds::Bind`]s.
+macro_rules! fetch_bound_on {
+    ($conn:expr, $op:expr, $decode:expr, $sql:expr, $binds:expr) => {
+        match $crate::store::binds::bound_query!($sql, $binds)
+            .fetch_all($conn)
+            .await
+        {
+            Ok(rows) => rows
+                .iter()
+                .map($decode)
+                .collect::<Result<Vec<_>, $crate::store::StoreError>>(),
+            Err(error) => Err($crate::store::StoreError::Query { op: $op, error }),
+        }
+    };
+}
+
+/// [`fetch_bound_on!`] on whichever pool `$store` holds.
+macro_rules! fetch_bound {
+    ($store:expr, $op:expr, $decode:expr, $sql:expr, $binds:expr) => {
+        match $store {
+            $crate::store::Store::Sqlite(pool) => fetch_bound_on!(pool, $op, $decode, $sql, $binds),
+            $crate::store::Store::Postgres(pool) => {
+                fetch_bound_on!(pool, $op, $decode, $sql, $binds)
+            }
+        }
+    };
+}
+
 mod batch;
 /// Fetches and decodes all rows of one statement on whichever pool `$store`
 /// holds.

@@ -1,5 +1,8 @@
 //! branch_rules and action_details.
 
+use std::collections::HashMap;
+
+use super::binds::Bind;
 use super::catalog::decode_action_template;
 use super::decode::{
     AnyRow, RowReader, id_text, json_text, opt_id_text, opt_time_text, policy_text,
@@ -71,13 +74,24 @@ pub(super) const SELECT_ACTION_DETAILS_CAPPED: &str = "\
 SELECT id, branch_rule_id, action_template_id, position, params, created_at, updated_at \
 FROM action_details ORDER BY branch_rule_id, position, id LIMIT $1";
 
-const SELECT_ACTION_DETAILS_OF_RULE: &str = "\
+/// The action details of the branch rules named by `{ids}` (`$1, $2, …`),
+/// each rule's in position order.
+const SELECT_ACTION_DETAILS_OF_RULES: &str = "\
 SELECT id, branch_rule_id, action_template_id, position, params, created_at, updated_at \
-FROM action_details WHERE branch_rule_id = $1 ORDER BY position, id";
+FROM action_details WHERE branch_rule_id IN ({ids}) ORDER BY branch_rule_id, position, id";
 
-const SELECT_ACTION_TEMPLATES_OF_RULE: &str = "\
+/// The templates those details use.
+const SELECT_ACTION_TEMPLATES_OF_RULES: &str = "\
 SELECT id, name, kind, config, created_at, updated_at FROM action_templates \
-WHERE id IN (SELECT action_template_id FROM action_details WHERE branch_rule_id = $1)";
+WHERE id IN (SELECT action_template_id FROM action_details WHERE branch_rule_id IN ({ids}))";
+
+/// Branch rules named by one read of [`Store::action_steps_of`]: each is a
+/// bound parameter, and SQLite allows 32,766 of them.
+const ACTION_STEPS_READ_CHUNK: usize = 500;
+
+/// A branch rule's action steps: its details in position order, each with
+/// its template (`None` if it is missing).
+pub type ActionSteps = Vec<(ActionDetail, Option<ActionTemplate>)>;
 
 pub(super) fn decode_action_detail(row: &impl AnyRow) -> Result<ActionDetail, StoreError> {
     let r = RowReader::new(row, "action_details")?;
@@ -139,37 +153,57 @@ impl Store {
         .map(drop)
     }
 
-    /// A branch rule's action details in position order, each with its
-    /// template (`None` if it is missing): what a worker runs when the
-    /// plan's capped cache does not hold the rule's details.
-    pub async fn action_steps(
+    /// A branch rule's action steps: what a worker runs when the plan's
+    /// capped cache does not hold the rule's details and the master's read
+    /// for its batch did not bring them.
+    pub async fn action_steps(&self, branch_rule_id: Uuid) -> Result<ActionSteps, StoreError> {
+        let mut steps = self.action_steps_of(&[branch_rule_id]).await?;
+        Ok(steps.remove(&branch_rule_id).unwrap_or_default())
+    }
+
+    /// [`Store::action_steps`] of many branch rules in two statements per
+    /// 500 rules instead of two per rule: the master reads them for a
+    /// claimed batch past the plan's cache at once, so a burst larger than
+    /// PLAN_ACTION_DETAILS_CAP does not cost every job two reads of its
+    /// own. Every id asked for is in the answer (a rule without details
+    /// has no steps).
+    pub async fn action_steps_of(
         &self,
-        branch_rule_id: Uuid,
-    ) -> Result<Vec<(ActionDetail, Option<ActionTemplate>)>, StoreError> {
-        let id = id_text(branch_rule_id);
-        let details = fetch_all!(
-            self,
-            "load action details",
-            decode_action_detail,
-            SELECT_ACTION_DETAILS_OF_RULE,
-            &id
-        )?;
-        let templates = fetch_all!(
-            self,
-            "load action templates",
-            decode_action_template,
-            SELECT_ACTION_TEMPLATES_OF_RULE,
-            &id
-        )?;
-        Ok(details
+        branch_rule_ids: &[Uuid],
+    ) -> Result<HashMap<Uuid, ActionSteps>, StoreError> {
+        let mut steps: HashMap<Uuid, ActionSteps> =
+            branch_rule_ids.iter().map(|id| (*id, Vec::new())).collect();
+        for chunk in branch_rule_ids.chunks(ACTION_STEPS_READ_CHUNK) {
+            let ids = (1..=chunk.len())
+                .map(|n| format!("${n}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let binds: Vec<Bind> = chunk.iter().map(|id| Bind::Text(id_text(*id))).collect();
+            let details = fetch_bound!(
+                self,
+                "load action details",
+                decode_action_detail,
+                SELECT_ACTION_DETAILS_OF_RULES.replace("{ids}", &ids),
+                binds.clone()
+            )?;
+            let templates: HashMap<Uuid, ActionTemplate> = fetch_bound!(
+                self,
+                "load action templates",
+                decode_action_template,
+                SELECT_ACTION_TEMPLATES_OF_RULES.replace("{ids}", &ids),
+                binds
+            )?
             .into_iter()
-            .map(|detail| {
-                let template = templates
-                    .iter()
-                    .find(|t| t.id == detail.action_template_id)
-                    .cloned();
-                (detail, template)
-            })
-            .collect())
+            .map(|template| (template.id, template))
+            .collect();
+            for detail in details {
+                let template = templates.get(&detail.action_template_id).cloned();
+                steps
+                    .entry(detail.branch_rule_id)
+                    .or_default()
+                    .push((detail, template));
+            }
+        }
+        Ok(steps)
     }
 }
