@@ -47,11 +47,12 @@ macro_rules! execute {
     };
 }
 
-/// Fetches all rows of one statement on an executor and decodes each with
-/// `$decode`, a function generic over [`decode::AnyRow`].
-macro_rules! fetch_all_on {
-    ($conn:expr, $op:expr, $decode:expr, $sql:expr $(, $arg:expr)* $(,)?) => {
-        match sqlx::query($sql)$(.bind($arg))*.fetch_all($conn).await {
+/// The rows a fetch returned, each decoded with `$decode`, a function
+/// generic over [`decode::AnyRow`]; a failed fetch is the `$op` query's
+/// error.
+macro_rules! decoded_rows {
+    ($fetched:expr, $op:expr, $decode:expr) => {
+        match $fetched {
             Ok(rows) => rows
                 .iter()
                 .map($decode)
@@ -61,20 +62,24 @@ macro_rules! fetch_all_on {
     };
 }
 
+/// Fetches all rows of one statement on an executor and decodes them.
+macro_rules! fetch_all_on {
+    ($conn:expr, $op:expr, $decode:expr, $sql:expr $(, $arg:expr)* $(,)?) => {
+        decoded_rows!(sqlx::query($sql)$(.bind($arg))*.fetch_all($conn).await, $op, $decode)
+    };
+}
+
 /// [`fetch_all_on!`] for a statement assembled at run time with its
 /// [`binds::Bind`]s.
 macro_rules! fetch_bound_on {
     ($conn:expr, $op:expr, $decode:expr, $sql:expr, $binds:expr) => {
-        match $crate::store::binds::bound_query!($sql, $binds)
-            .fetch_all($conn)
-            .await
-        {
-            Ok(rows) => rows
-                .iter()
-                .map($decode)
-                .collect::<Result<Vec<_>, $crate::store::StoreError>>(),
-            Err(error) => Err($crate::store::StoreError::Query { op: $op, error }),
-        }
+        decoded_rows!(
+            $crate::store::binds::bound_query!($sql, $binds)
+                .fetch_all($conn)
+                .await,
+            $op,
+            $decode
+        )
     };
 }
 
