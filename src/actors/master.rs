@@ -326,7 +326,11 @@ impl MasterState {
     /// down nothing is queued.
     async fn fetch(&mut self, myself: &ActorRef<MasterMsg>) -> Option<Millis> {
         let plan = self.args.directory.plan()?;
-        let ready = match ask(&plan, PlanMsg::ReadyJobs).await {
+        let budget = self.claim_budget();
+        // Rules still being claimed are ready in the plan until their claim
+        // is answered, and the dedup below passes over them.
+        let limit = budget + self.claiming.len();
+        let ready = match ask(&plan, |reply| PlanMsg::ReadyJobs { limit, reply }).await {
             Ok(ready) => ready,
             Err(e) => {
                 warn!("Cannot read the ready set: {e}");
@@ -334,7 +338,6 @@ impl MasterState {
             }
         };
         let now = self.args.clock.now_ms();
-        let budget = self.claim_budget();
         let mut admitted = Vec::new();
         let mut skip_errors = 0;
         for spec in ready.jobs {

@@ -134,12 +134,13 @@ impl Actor for PlanActor {
             PlanMsg::Ready(reply) => {
                 let _ = reply.send(state.ready_now(now));
             }
-            PlanMsg::ReadyJobs(reply) => {
+            PlanMsg::ReadyJobs { limit, reply } => {
                 let config = &state.config;
                 let zone = config.default_timezone;
                 let ready = state.ready_now(now);
                 let jobs = ready
                     .iter()
+                    .take(limit)
                     .filter_map(|id| job_spec(&state.plan, id, zone, &mut state.schedules))
                     .collect();
                 let next_wake = if ready.is_empty() {

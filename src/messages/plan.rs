@@ -18,9 +18,14 @@ pub enum PlanMsg {
     /// The ids ready at the clock's now, in (next_run_time, id) order,
     /// capped at MAX_RUNS_PER_TICK.
     Ready(RpcReplyPort<Vec<Uuid>>),
-    /// The ready workflows as job specs, in (next_run_time, id) order within
-    /// this instance's partition, and when the master should look next.
-    ReadyJobs(RpcReplyPort<ReadyJobs>),
+    /// The first `limit` ready workflows as job specs, in (next_run_time,
+    /// id) order within this instance's partition, and when the master
+    /// should look next. A spec is a deep copy (rule, steps, templates):
+    /// the master asks only for as many as it can claim.
+    ReadyJobs {
+        limit: usize,
+        reply: RpcReplyPort<ReadyJobs>,
+    },
     /// What this instance owns now (from the lease keeper, every round):
     /// only those rules are ready here.
     Ownership(Ownership),
