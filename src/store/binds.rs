@@ -13,6 +13,15 @@ pub(super) enum Bind {
     Bool(bool),
 }
 
+/// `$1, $2, …, $count`: the parameters of one list, as both backends
+/// number them.
+pub(super) fn placeholder_list(count: usize) -> String {
+    (1..=count)
+        .map(|n| format!("${n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// `sqlx::query($sql)` with every bind of `$binds` bound in order.
 macro_rules! bound_query {
     ($sql:expr, $binds:expr) => {{

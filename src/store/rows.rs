@@ -8,6 +8,7 @@ use serde_json::{Map, Value};
 use sqlx::AssertSqlSafe;
 use uuid::Uuid;
 
+use super::binds::placeholder_list;
 use super::decode::AnyRow;
 use super::{Store, StoreError};
 
@@ -291,13 +292,12 @@ fn insert_sql(
         params.push(param(spec, column, value)?);
         columns.push(column.as_str());
     }
-    let placeholders: Vec<String> = (1..=params.len()).map(|i| format!("${i}")).collect();
     Ok((
         format!(
             "INSERT INTO {} ({}) VALUES ({})",
             spec.table,
             columns.join(", "),
-            placeholders.join(", ")
+            placeholder_list(params.len())
         ),
         params,
     ))
@@ -415,11 +415,10 @@ impl Store {
             .iter()
             .map(|id| Param::Text(Some(id.hyphenated().to_string())))
             .collect();
-        let placeholders: Vec<String> = (1..=ids.len()).map(|i| format!("${i}")).collect();
         let sql = format!(
             "DELETE FROM {} WHERE id IN ({})",
             spec.table,
-            placeholders.join(", ")
+            placeholder_list(ids.len())
         );
         match self {
             Store::Sqlite(pool) => exec_rows!(pool, "delete rows", sql, params),

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use super::binds::Bind;
+use super::binds::{Bind, placeholder_list};
 use super::catalog::decode_action_template;
 use super::decode::{
     AnyRow, RowReader, id_text, json_text, opt_id_text, opt_time_text, policy_text,
@@ -174,10 +174,7 @@ impl Store {
         let mut steps: HashMap<Uuid, ActionSteps> =
             branch_rule_ids.iter().map(|id| (*id, Vec::new())).collect();
         for chunk in branch_rule_ids.chunks(ACTION_STEPS_READ_CHUNK) {
-            let ids = (1..=chunk.len())
-                .map(|n| format!("${n}"))
-                .collect::<Vec<_>>()
-                .join(", ");
+            let ids = placeholder_list(chunk.len());
             let binds: Vec<Bind> = chunk.iter().map(|id| Bind::Text(id_text(*id))).collect();
             let details = fetch_bound!(
                 self,

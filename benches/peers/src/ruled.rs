@@ -78,11 +78,7 @@ pub async fn run(
     ];
     if let Some(paths) = std::env::var_os("LD_LIBRARY_PATH") {
         let kept: Vec<PathBuf> = std::env::split_paths(&paths)
-            .filter(|path| {
-                !added
-                    .iter()
-                    .any(|prefix| !prefix.as_os_str().is_empty() && path.starts_with(prefix))
-            })
+            .filter(|path| !added.iter().any(|prefix| path.starts_with(prefix)))
             .collect();
         match std::env::join_paths(kept) {
             Ok(joined) if !joined.is_empty() => command.env("LD_LIBRARY_PATH", joined),
