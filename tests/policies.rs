@@ -30,7 +30,9 @@ use std::time::{Duration, Instant};
 
 use chrono::{TimeZone, Timelike, Utc};
 use common::http::{read_request, serve};
-use common::rules::{RuleOptions, YEARLY, insert_many_rules, insert_rule_with, policy, step};
+use common::rules::{
+    RuleOptions, YEARLY, insert_many_rules, insert_rule_with, policy, step, yearly_after,
+};
 use common::service::{start_service_on_clock, start_service_with, without_delays};
 use common::{TestDb, eventually};
 use ruled::actors::ask;
@@ -896,7 +898,7 @@ both_backends!(
             },
         )
         .await;
-        let next_year = utc("2027-01-01T00:00:00Z");
+        let next_year = yearly_after(now);
         // Cancelled: never retried, however many attempts are left. The
         // finish that recorded it wrote the rule's next run in the same
         // transaction, so the rule shows now whether a retry is pending.

@@ -14,7 +14,7 @@ use common::TestDb;
 use common::cluster::http_request;
 use common::http::{read_request, serve};
 use common::process::{DEADLINE, Install, signal, wait_exit};
-use common::rules::{RuleOptions, YEARLY, insert_rule_with, policy, step};
+use common::rules::{RuleOptions, YEARLY, insert_rule_with, policy, step, yearly_after};
 use ruled::model::{BranchRule, Execution, ExecutionStatus};
 use ruled::store::Store;
 use serde_json::json;
@@ -219,11 +219,7 @@ both_backends!(
         assert_eq!((row.retry_of, row.failed_attempts), (None, 0), "{row:?}");
         assert_eq!(
             row.next_run_time,
-            Some(
-                chrono::DateTime::parse_from_rfc3339("2027-01-01T00:00:00Z")
-                    .unwrap()
-                    .timestamp_millis()
-            ),
+            Some(yearly_after(occurrence)),
             "the schedule goes on"
         );
         let log = install.log("second.log");

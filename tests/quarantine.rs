@@ -143,7 +143,7 @@ both_backends!(
         // would rightly record that minute's occurrence as an overlap skip,
         // and this test counts the runs.
         let breaks_while_running =
-            insert_rule(&store, YEARLY, due, &[step("sleep", json!({"ms": 3000}))]).await;
+            insert_rule(&store, YEARLY, due, &[step("sleep", json!({"ms": 8000}))]).await;
         let (running_branch, _) = parents(&store, breaks_while_running).await;
 
         let install = Install::with_database(&db.url);

@@ -26,6 +26,16 @@ pub async fn insert_rule(store: &Store, cron: &str, next_run_time: Millis, steps
 /// rule is not due again while the test lasts.
 pub const YEARLY: &str = "0 0 1 1 *";
 
+/// When [`YEARLY`] fires next in UTC after `at`: midnight of the next
+/// 1 January. Tests compute it rather than write the year down.
+pub fn yearly_after(at: Millis) -> Millis {
+    use chrono::{Datelike, TimeZone, Utc};
+    let year = Utc.timestamp_millis_opt(at).unwrap().year() + 1;
+    Utc.with_ymd_and_hms(year, 1, 1, 0, 0, 0)
+        .unwrap()
+        .timestamp_millis()
+}
+
 /// What [`insert_rule_with`] sets beyond [`insert_rule`]'s defaults.
 #[derive(Clone, Default)]
 pub struct RuleOptions {
