@@ -27,7 +27,7 @@ both_backends!(
             store,
             YEARLY,
             chrono::Utc::now().timestamp_millis(),
-            &[step("sleep", json!({"ms": 1_500}))],
+            &[step("sleep", json!({"ms": 5_000}))],
         )
         .await;
         eventually(DEADLINE, "the job runs", || async {

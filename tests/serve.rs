@@ -65,7 +65,7 @@ both_backends!(
             &store,
             YEARLY,
             now_ms(),
-            &[step("sleep", json!({"ms": 1_500}))],
+            &[step("sleep", json!({"ms": 5_000}))],
         )
         .await;
 
@@ -125,7 +125,7 @@ both_backends!(
                     &store,
                     YEARLY,
                     now_ms(),
-                    &[step("sleep", json!({"ms": 1_000}))],
+                    &[step("sleep", json!({"ms": 4_000}))],
                 )
                 .await,
             );
