@@ -205,23 +205,20 @@ impl Progress {
 /// requested_at index and looked each row up), so a long history costs
 /// nothing here.
 async fn completed_since(store: &Store, since: Millis) -> i64 {
+    // `$1` binds on both backends, as in the store's own shared statements.
+    const COMPLETED_SINCE: &str = "SELECT count(*) FROM executions \
+        WHERE status = 'completed' AND finished_at IS NOT NULL AND requested_at >= $1";
     match store {
-        Store::Sqlite(pool) => sqlx::query_scalar(
-            "SELECT count(*) FROM executions \
-             WHERE status = 'completed' AND finished_at IS NOT NULL AND requested_at >= ?",
-        )
-        .bind(since)
-        .fetch_one(pool)
-        .await
-        .unwrap(),
-        Store::Postgres(pool) => sqlx::query_scalar(
-            "SELECT count(*) FROM executions \
-             WHERE status = 'completed' AND finished_at IS NOT NULL AND requested_at >= $1",
-        )
-        .bind(since)
-        .fetch_one(pool)
-        .await
-        .unwrap(),
+        Store::Sqlite(pool) => sqlx::query_scalar(COMPLETED_SINCE)
+            .bind(since)
+            .fetch_one(pool)
+            .await
+            .unwrap(),
+        Store::Postgres(pool) => sqlx::query_scalar(COMPLETED_SINCE)
+            .bind(since)
+            .fetch_one(pool)
+            .await
+            .unwrap(),
     }
 }
 

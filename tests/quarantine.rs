@@ -141,7 +141,8 @@ both_backends!(
         // A rule that runs (slowly) and whose zone breaks while it runs.
         // Yearly, not every minute: a run that straddles a minute boundary
         // would rightly record that minute's occurrence as an overlap skip,
-        // and this test counts the runs.
+        // and this test counts the runs. Eight seconds: the broken zone must
+        // reach the plan (a refresh away) before the run ends.
         let breaks_while_running =
             insert_rule(&store, YEARLY, due, &[step("sleep", json!({"ms": 8000}))]).await;
         let (running_branch, _) = parents(&store, breaks_while_running).await;
