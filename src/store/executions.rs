@@ -147,7 +147,7 @@ const SELECT_EXECUTIONS_FOR: &str = concat!(
 );
 
 /// The open executions, oldest first, from the open-executions index.
-const SELECT_OPEN_EXECUTIONS: &str = concat!(
+pub(super) const SELECT_OPEN_EXECUTIONS: &str = concat!(
     "SELECT ",
     execution_columns!(),
     " FROM executions WHERE ",
@@ -173,7 +173,7 @@ const RELEASE_OWNER_LOCKS: &str = concat!(
     " WHERE lock_holder = $1"
 );
 
-const FAIL_OWNER_EXECUTIONS: &str = concat!(
+pub(super) const FAIL_OWNER_EXECUTIONS: &str = concat!(
     "UPDATE executions SET status = 'failed', error = $3, finished_at = $2, updated_at = $2 \
      WHERE owner = $1 AND ",
     open_execution!(),
@@ -185,7 +185,7 @@ const FAIL_OWNER_EXECUTIONS: &str = concat!(
 
 /// The attempt of a branch rule still in flight, if any (at most one: the
 /// claim's row lock allows one at a time).
-const OPEN_EXECUTION_OF: &str = concat!(
+pub(super) const OPEN_EXECUTION_OF: &str = concat!(
     "SELECT ",
     execution_columns!(),
     " FROM executions WHERE branch_rule_id = $1 AND ",

@@ -181,7 +181,7 @@ const RUNNING: Step = Step {
 
 /// A Scheduled and the Running right behind it in one batch, as one write
 /// of the row: see [`running_after_scheduled`].
-const SCHEDULED_AND_RUNNING: Step = Step {
+pub(super) const SCHEDULED_AND_RUNNING: Step = Step {
     from: "requested",
     to: "running",
     times: "s_now, r_now",
@@ -191,7 +191,7 @@ const SCHEDULED_AND_RUNNING: Step = Step {
 /// Requested → Scheduled, Scheduled → Running, or both at once, as `step`
 /// says; the execution's own owner and epoch tie it to the claim and the
 /// branch rule's tie the claim to the present.
-fn mark_sql(step: &Step, v: &str) -> String {
+pub(super) fn mark_sql(step: &Step, v: &str) -> String {
     let Step {
         from,
         to,
@@ -274,7 +274,7 @@ fn close_taken_over_sql(v: &str) -> String {
 /// lock, so max(attempt) + 1 cannot race (the unique key backs that up);
 /// one round holds one claim per branch rule, so the attempts computed in
 /// one statement cannot collide.
-fn insert_sql(v: &str) -> String {
+pub(super) fn insert_sql(v: &str) -> String {
     format!(
         "WITH v(id, br, sf, holder, epoch, now) AS ({v}) \
          INSERT INTO executions (id, branch_rule_id, scheduled_for, status, attempt, owner, \
@@ -311,7 +311,7 @@ fn release_sql(v: &str) -> String {
 /// The execution to its terminal state, for executions whose branch rule
 /// was just released in this transaction. 0 rows means it was already
 /// terminal (a cancel through the API): terminal states are final.
-fn finish_sql(v: &str) -> String {
+pub(super) fn finish_sql(v: &str) -> String {
     format!(
         "WITH v(id, br, holder, epoch, o_status, o_at, o_error, o_output) AS ({v}) \
          UPDATE executions SET status = v.o_status, finished_at = v.o_at, error = v.o_error, \
@@ -328,7 +328,7 @@ fn finish_sql(v: &str) -> String {
 /// has a skipped one: a redelivered finish or a repeated skip records it
 /// once. The caller holds the branch rule (its fence, or the compare-and-set
 /// of [`SKIP_SQL`]) and gives at most one row per occurrence.
-fn skipped_sql(v: &str) -> String {
+pub(super) fn skipped_sql(v: &str) -> String {
     format!(
         "WITH v(id, br, sf, holder, epoch, at, err) AS ({v}) \
          INSERT INTO executions (id, branch_rule_id, scheduled_for, status, attempt, owner, \

@@ -87,7 +87,7 @@ macro_rules! stale_owners_sql {
         )
     };
 }
-const STALE_OWNERS: super::leases::DbSql = on_each_clock!(stale_owners_sql);
+pub(super) const STALE_OWNERS: super::leases::DbSql = on_each_clock!(stale_owners_sql);
 
 fn decode_instance(row: &impl AnyRow) -> Result<InstanceRow, StoreError> {
     let r = RowReader::new(row, "instances")?;

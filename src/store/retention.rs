@@ -16,7 +16,7 @@ use super::{Store, StoreError};
 use crate::model::{ExecutionStatus, Millis};
 
 /// Finished, claimed before `$1` and finished before it.
-const PRUNABLE: &str = "status IN ('completed', 'failed', 'cancelled', 'timed_out', 'skipped') \
+pub(super) const PRUNABLE: &str = "status IN ('completed', 'failed', 'cancelled', 'timed_out', 'skipped') \
      AND requested_at < $1 AND (finished_at IS NULL OR finished_at < $1)";
 
 /// What a prune at a cutoff would delete.
