@@ -411,12 +411,15 @@ async fn peers() {
         );
     }
 
+    // RULED_BENCH_DRAIN_HISTORY puts that many finished executions under
+    // the drain, to profile the growth scenario's history case alone.
+    let history: usize = common::env_or("RULED_BENCH_DRAIN_HISTORY", 0);
     let url = fresh(&base_url, "peers_drain").await;
     let drained = run(
         &url,
         workers,
         vec![common::wall_ms() - 1_000; drain_jobs],
-        0,
+        history,
     )
     .await;
     report("SQLite (WAL)", "burst", workers, &drained);

@@ -1028,6 +1028,56 @@ both_backends!(
 
 // ---- batcher -----------------------------------------------------------------
 
+/// The writer's commits reach the database file itself, not only its WAL,
+/// while the store is open: the checkpointer beside the writer copies
+/// them. The writer's own checkpoint threshold (16,000 pages) is far off,
+/// and nothing else writes, so without it the claim would stay in the WAL
+/// until the last connection closed. `immutable` reads the file alone,
+/// ignoring the WAL, on a connection of its own.
+#[tokio::test]
+async fn the_writers_commits_are_checkpointed_into_the_database_file() {
+    use sqlx::ConnectOptions;
+    use std::str::FromStr;
+
+    let db = common::sqlite_db().await;
+    let store = store_with_rules(&db, [20]).await;
+    let batcher = TransitionBatcher::new(store.clone());
+    let claim = batcher
+        .claim(&request(20, HOLDER, T0))
+        .await
+        .unwrap()
+        .expect("claimed");
+
+    let file_only = sqlx::sqlite::SqliteConnectOptions::from_str(&db.url)
+        .unwrap()
+        .read_only(true)
+        .immutable(true);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        // A fresh connection each time: an immutable one may cache pages.
+        let mut conn = file_only.connect().await.unwrap();
+        // Until the first checkpoint the file may not hold even the
+        // tables: the migrations are in the WAL too.
+        let in_file: Option<i64> =
+            sqlx::query_scalar("SELECT count(*) FROM executions WHERE id = $1")
+                .bind(claim.execution.id.to_string())
+                .fetch_one(&mut conn)
+                .await
+                .ok();
+        drop(conn);
+        if in_file == Some(1) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the claimed execution never reached the database file"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(batcher);
+    store.close().await;
+}
+
 both_backends!(
     the_batcher_answers_each_caller_with_its_own_result,
     |db: TestDb| async move {

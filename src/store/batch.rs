@@ -226,6 +226,16 @@ async fn run(store: Store, mut receiver: mpsc::Receiver<Request>, max_batch: usi
         Store::Sqlite(pool) => pool.close_event(),
         Store::Postgres(pool) => pool.close_event(),
     });
+    // Capacity 1: commits while a checkpoint runs ask for one more, not
+    // one each. The checkpointer ends with this task.
+    let checkpoints = match &store {
+        Store::Sqlite(pool) => {
+            let (commits, committed) = mpsc::channel(1);
+            tokio::spawn(checkpoint_beside_the_writer(pool.clone(), committed));
+            Some(commits)
+        }
+        Store::Postgres(_) => None,
+    };
     let mut writer = Writer { store, conn: None };
     let mut batch = Vec::with_capacity(max_batch);
     loop {
@@ -258,6 +268,37 @@ async fn run(store: Store, mut receiver: mpsc::Receiver<Request>, max_batch: usi
         batch.retain(|request| !request.reply.is_closed());
         writer.run_batch(&mut batch).await;
         batch.clear();
+        if let Some(commits) = &checkpoints {
+            let _ = commits.try_send(());
+        }
+    }
+}
+
+/// Copies committed WAL pages back into the database file on a pooled
+/// connection, after each commit of the writer, so the writer's own
+/// commits never do it. With SQLite's automatic checkpoint the commit that
+/// crossed the threshold copied thousands of pages and synced the file
+/// before its callers got their answers; every job of that batch waited,
+/// and with a long history those pages lie all over a large file. A
+/// PASSIVE checkpoint never waits for, nor blocks, the writer or readers;
+/// what it cannot copy yet waits for the next one. A pool with no free
+/// connection (an in-memory database has only the writer's) skips a round,
+/// and the writer's own threshold ([`SQLITE_WRITER_PRAGMAS`]) remains the
+/// backstop.
+async fn checkpoint_beside_the_writer(pool: sqlx::SqlitePool, mut committed: mpsc::Receiver<()>) {
+    while committed.recv().await.is_some() {
+        let Some(mut conn) = pool.try_acquire() else {
+            continue;
+        };
+        match sqlx::query_as::<_, (i64, i64, i64)>("PRAGMA wal_checkpoint(PASSIVE)")
+            .fetch_one(&mut *conn)
+            .await
+        {
+            Ok((busy, frames, copied)) => {
+                tracing::trace!(busy, frames, copied, "WAL checkpoint beside the writer")
+            }
+            Err(error) => tracing::debug!("WAL checkpoint beside the writer: {error}"),
+        }
     }
 }
 
@@ -333,12 +374,13 @@ enum Conn {
 /// Settings for the one connection that does nearly all lifecycle writes.
 /// A batch touches pages all over the tables and indexes (ids are random
 /// UUIDs): a 64 MiB cache keeps them instead of re-reading them each batch;
-/// statement journals of the set-based statements stay in memory; and a
-/// checkpoint every 4000 WAL pages rather than 1000 writes a page that
-/// changed in many batches once instead of every time. The connection is
-/// closed rather than returned to the pool, so these stay with it.
+/// statement journals of the set-based statements stay in memory. The WAL
+/// is checkpointed beside the writer ([`checkpoint_beside_the_writer`]);
+/// the writer checkpoints itself only if the WAL reaches 16,000 pages
+/// (64 MiB), which happens only when that cannot keep up. The connection
+/// is closed rather than returned to the pool, so these stay with it.
 const SQLITE_WRITER_PRAGMAS: &str =
-    "PRAGMA cache_size = -65536; PRAGMA temp_store = MEMORY; PRAGMA wal_autocheckpoint = 4000";
+    "PRAGMA cache_size = -65536; PRAGMA temp_store = MEMORY; PRAGMA wal_autocheckpoint = 16000";
 
 async fn tune_sqlite(
     conn: Result<PoolConnection<Sqlite>, sqlx::Error>,
