@@ -18,6 +18,8 @@
 //!
 //! The task keeps one connection between batches (see [`Conn`]) and lets it
 //! go when the store is closed, so [`Store::close`] does not wait for it.
+//! On SQLite a second task copies the WAL back into the database file after
+//! the commits ([`checkpoint_beside_the_writer`]), so no commit does.
 
 use std::sync::Arc;
 
