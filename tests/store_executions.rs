@@ -1052,28 +1052,25 @@ async fn the_writers_commits_are_checkpointed_into_the_database_file() {
         .unwrap()
         .read_only(true)
         .immutable(true);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        // A fresh connection each time: an immutable one may cache pages.
-        let mut conn = file_only.connect().await.unwrap();
-        // Until the first checkpoint the file may not hold even the
-        // tables: the migrations are in the WAL too.
-        let in_file: Option<i64> =
-            sqlx::query_scalar("SELECT count(*) FROM executions WHERE id = $1")
-                .bind(claim.execution.id.to_string())
-                .fetch_one(&mut conn)
-                .await
-                .ok();
-        drop(conn);
-        if in_file == Some(1) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the claimed execution never reached the database file"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let execution_id = claim.execution.id.to_string();
+    common::eventually(
+        Duration::from_secs(10),
+        "the claimed execution in the database file",
+        || async {
+            // A fresh connection each time: an immutable one may cache pages.
+            let mut conn = file_only.connect().await.unwrap();
+            // Until the first checkpoint the file may not hold even the
+            // tables: the migrations are in the WAL too.
+            let in_file: Option<i64> =
+                sqlx::query_scalar("SELECT count(*) FROM executions WHERE id = $1")
+                    .bind(&execution_id)
+                    .fetch_one(&mut conn)
+                    .await
+                    .ok();
+            in_file == Some(1)
+        },
+    )
+    .await;
     drop(batcher);
     store.close().await;
 }

@@ -136,7 +136,7 @@ pub(super) fn chunks(indices: &[usize], chunking: Chunking) -> Vec<&[usize]> {
 }
 
 /// `($1, $2), ($3, $4)` for `rows` rows of `columns` placeholders.
-fn values(rows: usize, columns: usize) -> String {
+pub(super) fn values(rows: usize, columns: usize) -> String {
     let mut text = String::with_capacity(rows * columns * 5);
     for row in 0..rows {
         if row > 0 {

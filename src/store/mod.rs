@@ -436,10 +436,8 @@ mod tests {
         let Store::Sqlite(pool) = &store else {
             unreachable!()
         };
-        let values = |n: usize| {
-            let row: Vec<String> = (1..=n).map(|i| format!("${i}")).collect();
-            format!("VALUES ({})", row.join(", "))
-        };
+        // One row of the batch's `WITH v(…)`, as the SQLite writer binds it.
+        let values = |columns: usize| format!("VALUES {}", grouped::values(1, columns));
         let statements = [
             ("cancel requests", leases::CANCEL_REQUESTS.to_string()),
             ("stale owners", instances::STALE_OWNERS.sqlite.to_string()),
@@ -455,13 +453,7 @@ mod tests {
                 "open execution of a rule",
                 executions::OPEN_EXECUTION_OF.to_string(),
             ),
-            (
-                "prune batch",
-                format!(
-                    "SELECT rowid FROM executions WHERE {} LIMIT $2",
-                    retention::PRUNABLE
-                ),
-            ),
+            ("prune batch", retention::sqlite_prune_sql()),
             ("claim insert", grouped::insert_sql(&values(6))),
             (
                 "scheduled and running",

@@ -16,8 +16,16 @@ use super::{Store, StoreError};
 use crate::model::{ExecutionStatus, Millis};
 
 /// Finished, claimed before `$1` and finished before it.
-pub(super) const PRUNABLE: &str = "status IN ('completed', 'failed', 'cancelled', 'timed_out', 'skipped') \
+const PRUNABLE: &str = "status IN ('completed', 'failed', 'cancelled', 'timed_out', 'skipped') \
      AND requested_at < $1 AND (finished_at IS NULL OR finished_at < $1)";
+
+/// One prune batch on SQLite: at most `$2` prunable rows at cutoff `$1`.
+pub(super) fn sqlite_prune_sql() -> String {
+    format!(
+        "DELETE FROM executions WHERE rowid IN \
+         (SELECT rowid FROM executions WHERE {PRUNABLE} LIMIT $2)"
+    )
+}
 
 /// What a prune at a cutoff would delete.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -80,10 +88,7 @@ impl Store {
         let op = "prune executions";
         match self {
             Store::Sqlite(pool) => {
-                let sql = sqlx::AssertSqlSafe(format!(
-                    "DELETE FROM executions WHERE rowid IN \
-                     (SELECT rowid FROM executions WHERE {PRUNABLE} LIMIT $2)"
-                ));
+                let sql = sqlx::AssertSqlSafe(sqlite_prune_sql());
                 execute_on!(pool, op, sql, cutoff, limit)
             }
             Store::Postgres(pool) => {
