@@ -386,7 +386,14 @@ async fn peers() {
     let seconds: i64 = common::env_or("RULED_BENCH_SECONDS", 10);
     let drain_jobs: usize = common::env_or("RULED_BENCH_DRAIN_JOBS", BURST);
     let workers = worker_counts()[0];
-    let (_, base_url, _) = backends().await.swap_remove(0);
+    // RULED_BENCH_BACKENDS=postgres runs it on PostgreSQL alone.
+    let mut backends = backends().await;
+    let only_postgres = std::env::var("RULED_BENCH_BACKENDS").is_ok_and(|b| b == "postgres");
+    let (backend, base_url, _) = if only_postgres {
+        backends.pop().expect("PostgreSQL reachable")
+    } else {
+        backends.swap_remove(0)
+    };
 
     // The first whole second far enough ahead that the service has read
     // its plan: a fire is due on .000, as a cron peer's is.
@@ -402,7 +409,7 @@ async fn peers() {
         let fires = due.len();
         let url = fresh(&base_url, "peers_fires").await;
         let fired = run_until(&url, workers, due, 0, limit).await;
-        report("SQLite (WAL)", "fires every second", workers, &fired);
+        report(backend, "fires every second", workers, &fired);
         println!(
             "peers: ruled lag fires={fires} lost={} p50_ms={} p99_ms={}",
             fires - fired.lags.len(),
@@ -422,7 +429,7 @@ async fn peers() {
         history,
     )
     .await;
-    report("SQLite (WAL)", "burst", workers, &drained);
+    report(backend, "burst", workers, &drained);
     println!(
         "peers: ruled drain jobs={} seconds={:.3} jobs_per_second={:.1}",
         drained.lags.len(),

@@ -1075,6 +1075,103 @@ async fn the_writers_commits_are_checkpointed_into_the_database_file() {
     store.close().await;
 }
 
+/// PostgreSQL's writer finds every row it writes by key, also on a young
+/// database. sqlx prepares each statement once per connection, and after
+/// five runs PostgreSQL keeps a generic plan costed on the tables as they
+/// were then: before autovacuum had analyzed them, an empty `executions`
+/// looked a page long, the kept plan scanned it, and every Scheduled and
+/// finish of a burst read the whole table. Twelve jobs run through the
+/// batcher (Scheduled and Running queued together, so they share an
+/// update), and the table statistics, flushed when the writer's session
+/// ends, must show no sequential scan of `executions` or `branch_rules`.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_postgres_writer_finds_its_rows_by_key_on_a_young_database() {
+    let Some(db) = common::postgres_db().await else {
+        return;
+    };
+    let rules = 100..112;
+    store_with_rules(&db, rules.clone()).await.close().await;
+    let before = table_scans(&db).await;
+
+    let store = db.store().await;
+    let batcher = TransitionBatcher::new(store.clone());
+    for (n, now) in rules.zip((T0..).step_by(10)) {
+        let fence = batcher
+            .claim(&request(n, HOLDER, now))
+            .await
+            .unwrap()
+            .expect("claimed")
+            .fence();
+        let (scheduled, running) = tokio::join!(
+            batcher.mark_scheduled(&fence, now + 1),
+            batcher.mark_running(&fence, now + 2)
+        );
+        assert!(scheduled.unwrap() && running.unwrap(), "rule {n} started");
+        let finish = completed(now + 3, Some(now + 86_400_000));
+        batcher
+            .finish(&fence, &finish)
+            .await
+            .unwrap()
+            .expect("finished");
+    }
+    drop(batcher);
+    store.close().await;
+    let after = table_scans(&db).await;
+
+    assert!(
+        after.index_scans > before.index_scans,
+        "the writer's work is in the statistics: {before:?} → {after:?}"
+    );
+    assert_eq!(
+        after.sequential_scans, before.sequential_scans,
+        "the writer scanned a table: {before:?} → {after:?}"
+    );
+}
+
+/// Scans of `executions` and `branch_rules` so far, read once every other
+/// session on the database has ended (a session's counts reach the
+/// statistics when it ends, at the latest).
+#[derive(Debug, Clone, Copy)]
+struct TableScans {
+    sequential_scans: i64,
+    index_scans: i64,
+}
+
+async fn table_scans(db: &TestDb) -> TableScans {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&db.url)
+        .await
+        .unwrap();
+    common::eventually(
+        Duration::from_secs(10),
+        "every other session on the test database ended",
+        || async {
+            let others: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND pid <> pg_backend_pid()",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            others == 0
+        },
+    )
+    .await;
+    let (sequential_scans, index_scans): (i64, i64) = sqlx::query_as(
+        "SELECT COALESCE(sum(seq_scan), 0)::int8, COALESCE(sum(idx_scan), 0)::int8 \
+         FROM pg_stat_user_tables WHERE relname IN ('executions', 'branch_rules')",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+    TableScans {
+        sequential_scans,
+        index_scans,
+    }
+}
+
 both_backends!(
     the_batcher_answers_each_caller_with_its_own_result,
     |db: TestDb| async move {
