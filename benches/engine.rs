@@ -157,6 +157,7 @@ async fn run_until(
     assert!(lags.len() <= due.len(), "one execution per occurrence");
     lags.sort();
     store.close().await;
+    discard(url).await;
     Run {
         drain,
         first_start: first_started_at - started_ms,
@@ -284,13 +285,14 @@ fn percentile(sorted: &[Millis], p: f64) -> Millis {
     sorted[((sorted.len() as f64 * p) as usize).min(sorted.len() - 1)]
 }
 
-async fn backends() -> Vec<(&'static str, String, Option<String>)> {
+/// Each backend's label and base URL: a scenario's database is created
+/// next to it ([`fresh`]) and dropped when its run ends ([`discard`]).
+async fn backends() -> Vec<(&'static str, String)> {
     let mut out = Vec::new();
     let dir = tempfile::tempdir().unwrap().keep();
     out.push((
         "SQLite (WAL)",
         format!("sqlite://{}/bench.db", dir.display()),
-        None,
     ));
     if std::env::var("RULED_BENCH_BACKENDS").is_ok_and(|b| !b.contains("postgres")) {
         return out;
@@ -298,16 +300,12 @@ async fn backends() -> Vec<(&'static str, String, Option<String>)> {
     let admin = std::env::var("RULED_BENCH_POSTGRES_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
     if let Ok(admin_store) = Store::connect(&admin).await {
-        let name = format!("ruled_bench_{}", Uuid::new_v4().simple());
-        admin_store
-            .execute_sql(&format!("CREATE DATABASE {name}"))
-            .await
-            .unwrap();
         admin_store.close().await;
+        let name = format!("ruled_bench_{}", Uuid::new_v4().simple());
         let base = admin
             .rsplit_once('/')
             .map_or(admin.as_str(), |(base, _)| base);
-        out.push(("PostgreSQL", format!("{base}/{name}"), Some(name)));
+        out.push(("PostgreSQL", format!("{base}/{name}")));
     } else {
         eprintln!("PostgreSQL not reachable at {admin}: SQLite only");
     }
@@ -329,7 +327,7 @@ fn main() {
             "| backend | scenario | workers | jobs | drain | first job | jobs/s | lag p50 | lag p99 |"
         );
         println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
-        for (label, base_url, _) in backends().await {
+        for (label, base_url) in backends().await {
             for &workers in &worker_counts() {
                 let url = fresh(&base_url, &format!("burst{workers}")).await;
                 let due = vec![common::wall_ms() - 1_000; BURST];
@@ -355,7 +353,7 @@ async fn growth() {
         "| backend | workers | burst | history rows | drain | jobs/s | vs 10,000 | lag p50 | lag p99 | plan file B/job |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for (label, base_url, _) in backends().await {
+    for (label, base_url) in backends().await {
         for &workers in &worker_counts() {
             let mut baseline = None;
             for (burst, rows) in [(10_000, 0), (1_000, 0), (100_000, 0), (10_000, history)] {
@@ -389,7 +387,7 @@ async fn peers() {
     // RULED_BENCH_BACKENDS=postgres runs it on PostgreSQL alone.
     let mut backends = backends().await;
     let only_postgres = std::env::var("RULED_BENCH_BACKENDS").is_ok_and(|b| b == "postgres");
-    let (backend, base_url, _) = if only_postgres {
+    let (backend, base_url) = if only_postgres {
         backends.pop().expect("PostgreSQL reachable")
     } else {
         backends.swap_remove(0)
@@ -469,6 +467,26 @@ async fn fresh(base_url: &str, suffix: &str) -> String {
         .unwrap();
     admin.close().await;
     format!("{server}/{scenario}")
+}
+
+/// Drops a run's database. Left behind, they added up: dozens of
+/// PostgreSQL databases of ten thousand rows each, which autovacuum kept
+/// visiting during later runs, and the 4 GB SQLite file of the 10M-row
+/// history in the temporary directory.
+async fn discard(url: &str) {
+    if let Some(path) = url.strip_prefix("sqlite://") {
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{path}{suffix}"));
+        }
+        return;
+    }
+    let (server, name) = url.rsplit_once('/').unwrap();
+    let admin = Store::connect(&format!("{server}/test")).await.unwrap();
+    admin
+        .execute_sql(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        .await
+        .unwrap();
+    admin.close().await;
 }
 
 fn report(backend: &str, scenario: &str, workers: usize, run: &Run) {
