@@ -1079,10 +1079,10 @@ async fn the_writers_commits_are_checkpointed_into_the_database_file() {
 /// database. sqlx prepares each statement once per connection, and after
 /// five runs PostgreSQL keeps a generic plan costed on the tables as they
 /// were then: before autovacuum had analyzed them, an empty `executions`
-/// looked a page long, the kept plan scanned it, and every Scheduled and
-/// finish of a burst read the whole table. Twelve jobs run through the
-/// batcher (Scheduled and Running queued together, so they share an
-/// update), and the table statistics, flushed when the writer's session
+/// was sized at the planner's floor of ten pages, the kept plan scanned
+/// it, and every Scheduled and finish of a burst read the whole table. Twelve jobs run through the
+/// batcher (Scheduled and Running queued together, so they usually share
+/// an update), and the table statistics, flushed when the writer's session
 /// ends, must show no sequential scan of `executions` or `branch_rules`.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_postgres_writer_finds_its_rows_by_key_on_a_young_database() {

@@ -267,8 +267,17 @@ mod tests {
     /// The readings of seed 004's thresholds, fed one per interval on the
     /// paused clock: each change is pushed once, logged with the seed's
     /// line and exported.
+    /// Taken by the tests that reach the throttle's log lines. A callsite's
+    /// interest is computed when it is first reached; when another test's
+    /// thread reached one while this module's log test was rebuilding the
+    /// cache, its stale "never" could land after the rebuild and hide a
+    /// line from the test's own subscriber (seen once in CI: the RAM line
+    /// missing, the INFO lines there). Taking turns keeps them apart.
+    static THROTTLE_LOGS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
     #[tokio::test(start_paused = true)]
     async fn fed_readings_throttle_and_release_with_hysteresis() {
+        let _turn = THROTTLE_LOGS.lock().await;
         let logs = Logs::default();
         let sink = logs.clone();
         let subscriber = tracing_subscriber::fmt()
@@ -412,6 +421,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_failed_reading_keeps_the_state_and_the_first_good_one_is_published() {
+        let _turn = THROTTLE_LOGS.lock().await;
         let directory = Directory::new();
         let (pushes_tx, mut pushes) = mpsc::unbounded_channel();
         let (probe, _) = Actor::spawn(Some(directory.name_of(ActorKind::Master)), Probe, pushes_tx)
