@@ -29,11 +29,16 @@ pub fn rfc3339(ms: i64) -> Value {
     Value::String(millis_to_utc(ms).to_rfc3339())
 }
 
-/// `next_run_time` (epoch ms) in `zone`, with its offset.
+/// `next_run_time` (epoch ms) in `zone`, with its offset; `null` when that
+/// wall-clock time has no RFC 3339 form. A client may set any time up to
+/// 9999-12-31T23:59:59Z, and east of UTC its last hours are already in
+/// the year 10000, which chrono writes `+10000-…`: no `date-time` a client
+/// can parse (Schemathesis found it).
 pub fn local_time(ms: i64, zone: Tz) -> Value {
-    match DateTime::from_timestamp_millis(ms) {
-        Some(t) => Value::String(t.with_timezone(&zone).to_rfc3339()),
-        None => Value::Null,
+    use chrono::Datelike;
+    match DateTime::from_timestamp_millis(ms).map(|t| t.with_timezone(&zone)) {
+        Some(local) if (0..=9999).contains(&local.year()) => Value::String(local.to_rfc3339()),
+        _ => Value::Null,
     }
 }
 
@@ -78,6 +83,22 @@ pub fn output_needs_token() -> Value {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_local_time_past_the_year_9999_is_null_not_a_five_digit_year() {
+        let last_evening_utc = 253_402_294_767_000; // 9999-12-31T22:19:27Z
+        let sydney: Tz = "Australia/Sydney".parse().unwrap();
+        assert_eq!(local_time(last_evening_utc, sydney), Value::Null);
+        assert_eq!(
+            local_time(last_evening_utc, chrono_tz::UTC),
+            json!("9999-12-31T22:19:27+00:00")
+        );
+        let new_york: Tz = "America/New_York".parse().unwrap();
+        assert_eq!(
+            local_time(last_evening_utc, new_york),
+            json!("9999-12-31T17:19:27-05:00")
+        );
+    }
 
     #[test]
     fn secrets_are_redacted_at_any_depth() {

@@ -238,7 +238,8 @@ pub struct BranchRule {
     /// Why its stored policy or its rule's is not one, when it is not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy_error: Option<String>,
-    /// `next_run_time` in the branch's zone, with its offset.
+    /// `next_run_time` in the branch's zone, with its offset; `null` when
+    /// that falls past the year 9999.
     #[serde(default)]
     #[schema(format = DateTime)]
     pub next_run_time_local: Option<String>,
