@@ -466,13 +466,8 @@ async fn fresh(base_url: &str, suffix: &str) -> String {
         return format!("sqlite://{}.{suffix}.db", path.trim_end_matches(".db"));
     }
     let (server, name) = base_url.rsplit_once('/').unwrap();
-    let admin = Store::connect(&format!("{server}/test")).await.unwrap();
     let scenario = format!("{name}_{suffix}");
-    admin
-        .execute_sql(&format!("CREATE DATABASE {scenario}"))
-        .await
-        .unwrap();
-    admin.close().await;
+    on_server(server, &format!("CREATE DATABASE {scenario}")).await;
     format!("{server}/{scenario}")
 }
 
@@ -488,11 +483,17 @@ async fn discard(url: &str) {
         return;
     }
     let (server, name) = url.rsplit_once('/').unwrap();
+    on_server(
+        server,
+        &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+    )
+    .await;
+}
+
+/// Runs `sql` on the PostgreSQL `server`'s `test` database.
+async fn on_server(server: &str, sql: &str) {
     let admin = Store::connect(&format!("{server}/test")).await.unwrap();
-    admin
-        .execute_sql(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        .await
-        .unwrap();
+    admin.execute_sql(sql).await.unwrap();
     admin.close().await;
 }
 

@@ -1080,10 +1080,11 @@ async fn the_writers_commits_are_checkpointed_into_the_database_file() {
 /// five runs PostgreSQL keeps a generic plan costed on the tables as they
 /// were then: before autovacuum had analyzed them, an empty `executions`
 /// was sized at the planner's floor of ten pages, the kept plan scanned
-/// it, and every Scheduled and finish of a burst read the whole table. Twelve jobs run through the
-/// batcher (Scheduled and Running queued together, so they usually share
-/// an update), and the table statistics, flushed when the writer's session
-/// ends, must show no sequential scan of `executions` or `branch_rules`.
+/// it, and every Scheduled and finish of a burst read the whole table.
+/// Twelve jobs run through the batcher (Scheduled and Running queued
+/// together, so they usually share an update), and the table statistics,
+/// flushed when the writer's session ends, must show no sequential scan of
+/// `executions` or `branch_rules`.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_postgres_writer_finds_its_rows_by_key_on_a_young_database() {
     let Some(db) = common::postgres_db().await else {

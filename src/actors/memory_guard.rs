@@ -264,9 +264,6 @@ mod tests {
 
     const INTERVAL: Duration = Duration::from_secs(5);
 
-    /// The readings of seed 004's thresholds, fed one per interval on the
-    /// paused clock: each change is pushed once, logged with the seed's
-    /// line and exported.
     /// Taken by the tests that reach the throttle's log lines. A callsite's
     /// interest is computed when it is first reached; when another test's
     /// thread reached one while this module's log test was rebuilding the
@@ -275,6 +272,9 @@ mod tests {
     /// missing, the INFO lines there). Taking turns keeps them apart.
     static THROTTLE_LOGS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+    /// The readings of seed 004's thresholds, fed one per interval on the
+    /// paused clock: each change is pushed once, logged with the seed's
+    /// line and exported.
     #[tokio::test(start_paused = true)]
     async fn fed_readings_throttle_and_release_with_hysteresis() {
         let _turn = THROTTLE_LOGS.lock().await;
