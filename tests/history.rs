@@ -163,8 +163,8 @@ both_backends!(
             "the sleep ran on"
         );
 
-        // History kept; the rows have left the catalog (a 404 by id that
-        // says so) and the plan, and are listed with ?archived=true, with
+        // History kept; the rows have left the catalog (gone by id: a 410
+        // that says so, where a row never created is a 404) and the plan, and are listed with ?archived=true, with
         // the time they were archived.
         assert_eq!(executions(&api, &t.branch_rule).await.len(), 1);
         for (list, id) in [
@@ -175,7 +175,8 @@ both_backends!(
         ] {
             assert!(!listed(&api.get(list).await.json, id), "{list} lists {id}");
             let row = api.get(&format!("{list}/{id}")).await;
-            assert_eq!(row.status, 404, "{}", row.text);
+            assert_eq!(row.status, 410, "{}", row.text);
+            assert_eq!(row.error_code(), "archived", "{}", row.text);
             assert!(row.error_message().contains("archived"), "{}", row.text);
             let archived = api.get(&format!("{list}?archived=true")).await.json;
             assert!(listed(&archived, id), "{list}?archived=true omits {id}");

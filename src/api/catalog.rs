@@ -442,8 +442,8 @@ fn is_archived(row: &Map<String, Value>) -> bool {
         || row.get("is_archived") == Some(&Value::Bool(true))
 }
 
-/// The row `id` of `spec`: 404 when there is none or it was archived (it
-/// has left the catalog; `?archived=true` lists it).
+/// The row `id` of `spec`: 404 when there is none, 410 when it was
+/// archived (it has left the catalog; `?archived=true` lists it).
 pub(super) async fn get_row(
     state: &ApiState,
     spec: &TableSpec,

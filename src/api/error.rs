@@ -48,7 +48,9 @@ pub enum ApiError {
     #[error("{what} {id} not found")]
     NotFound { what: &'static str, id: String },
     /// The row was archived (`DELETE …?cascade=archive`): it has left the
-    /// catalog, so it is not found, but its history is kept.
+    /// catalog for good but its history is kept, so it is gone (410), not
+    /// unknown (404). A client that created the row can tell that it was
+    /// archived, by itself or with its brand or branch, from a lost id.
     #[error("{what} {id} is archived")]
     Archived { what: &'static str, id: String },
     #[error("no route {0}")]
@@ -126,9 +128,8 @@ impl ApiError {
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 ErrorCode::UnsupportedMediaType,
             ),
-            ApiError::NotFound { .. } | ApiError::Archived { .. } => {
-                (StatusCode::NOT_FOUND, ErrorCode::NotFound)
-            }
+            ApiError::NotFound { .. } => (StatusCode::NOT_FOUND, ErrorCode::NotFound),
+            ApiError::Archived { .. } => (StatusCode::GONE, ErrorCode::Archived),
             ApiError::NoRoute(_) => (StatusCode::NOT_FOUND, ErrorCode::NoRoute),
             ApiError::MethodNotAllowed { .. } => {
                 (StatusCode::METHOD_NOT_ALLOWED, ErrorCode::MethodNotAllowed)

@@ -360,6 +360,10 @@ fn add_errors(operation: &mut Value) {
     // Changes need the token; reads and the simulation do not.
     let guarded = operation.get("security").is_some();
     let previews = operation.get("operationId").and_then(Value::as_str) == Some("preview_runs");
+    let names_a_row = operation
+        .get("parameters")
+        .and_then(Value::as_array)
+        .is_some_and(|parameters| parameters.iter().any(|p| p["in"] == "path"));
     let Some(responses) = operation
         .get_mut("responses")
         .and_then(Value::as_object_mut)
@@ -396,6 +400,12 @@ fn add_errors(operation: &mut Value) {
     }
     if previews {
         errors.push(("409", "The stored schedule cannot be computed"));
+    }
+    if names_a_row {
+        errors.push((
+            "410",
+            "The row was archived (`?cascade=archive`); `?archived=true` lists it",
+        ));
     }
     for (status, description) in errors {
         responses
@@ -656,6 +666,12 @@ mod tests {
                 }
                 let too_long = &responses["414"];
                 assert!(too_long.get("content").is_none(), "{method} {path} 414");
+                // Whatever names a row by its path may find it archived.
+                assert_eq!(
+                    responses.contains_key("410"),
+                    path.contains('{'),
+                    "{method} {path} 410"
+                );
                 // Every method but GET changes something, except the
                 // simulation, which only computes.
                 let mutation = method != "get" && operation["operationId"] != "simulate";
