@@ -277,8 +277,19 @@ async fn run(store: Store, mut receiver: mpsc::Receiver<Request>, max_batch: usi
     }
 }
 
+/// How long the checkpointer lets commits gather before it copies them.
+/// One checkpoint per commit (as before) synced the WAL and the database
+/// file every 1–2 ms in a drain and copied the same hot pages (the branch
+/// rules' indexes, the executions' newest leaves) again each time: a fifth
+/// of all CPU in a 10-worker drain (`walCheckpoint` in a DWARF profile).
+/// Spaced 25 ms apart, drains spent a quarter to a third less system time and
+/// a 100,000 drain ran 2–19% faster (BENCHMARKS.md, *Checkpoints spaced*).
+/// A commit never waits for this: it only bounds how far the database file
+/// trails the WAL.
+const CHECKPOINT_SPACING: Duration = Duration::from_millis(25);
+
 /// Copies committed WAL pages back into the database file on a pooled
-/// connection, after each commit of the writer, so the writer's own
+/// connection, after the writer's commits, so the writer's own
 /// commits never do it. With SQLite's automatic checkpoint the commit that
 /// crossed the threshold copied thousands of pages and synced the file
 /// before its callers got their answers; every job of that batch waited,
@@ -288,17 +299,6 @@ async fn run(store: Store, mut receiver: mpsc::Receiver<Request>, max_batch: usi
 /// connection (an in-memory database has only the writer's) skips a round,
 /// and the writer's own threshold ([`SQLITE_WRITER_PRAGMAS`]) remains the
 /// backstop. At most one checkpoint runs per [`CHECKPOINT_SPACING`].
-/// How long the checkpointer lets commits gather before it copies them.
-/// One checkpoint per commit (as before) synced the WAL and the database
-/// file every 1–2 ms in a drain and copied the same hot pages (the branch
-/// rules' indexes, the executions' newest leaves) again each time: a fifth
-/// of all CPU in a 10-worker drain (`walCheckpoint` in a DWARF profile).
-/// Spaced 25 ms apart, a 20,000 drain spent a third less system time and
-/// a 100,000 drain ran 9–19% faster (BENCHMARKS.md, *Checkpoints spaced*).
-/// A commit never waits for this: it only bounds how far the database file
-/// trails the WAL.
-const CHECKPOINT_SPACING: Duration = Duration::from_millis(25);
-
 async fn checkpoint_beside_the_writer(pool: sqlx::SqlitePool, mut committed: mpsc::Receiver<()>) {
     while committed.recv().await.is_some() {
         // The commits of the next few milliseconds join this checkpoint.
