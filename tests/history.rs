@@ -164,8 +164,9 @@ both_backends!(
         );
 
         // History kept; the rows have left the catalog (gone by id: a 410
-        // that says so, where a row never created is a 404) and the plan, and are listed with ?archived=true, with
-        // the time they were archived.
+        // that says so, where a row never created is a 404) and the plan,
+        // and are listed with ?archived=true, with the time they were
+        // archived.
         assert_eq!(executions(&api, &t.branch_rule).await.len(), 1);
         for (list, id) in [
             ("/api/v1/brands", &t.brand),
