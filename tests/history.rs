@@ -168,17 +168,25 @@ both_backends!(
         // and are listed with ?archived=true, with the time they were
         // archived.
         assert_eq!(executions(&api, &t.branch_rule).await.len(), 1);
-        for (list, id) in [
-            ("/api/v1/brands", &t.brand),
-            ("/api/v1/branches", &t.branch),
-            ("/api/v1/rules", &t.rule),
-            ("/api/v1/branch-rules", &t.branch_rule),
+        for (list, id, change) in [
+            ("/api/v1/brands", &t.brand, json!({"name": "renamed"})),
+            ("/api/v1/branches", &t.branch, json!({"name": "renamed"})),
+            ("/api/v1/rules", &t.rule, json!({"name": "renamed"})),
+            (
+                "/api/v1/branch-rules",
+                &t.branch_rule,
+                json!({"is_active": false}),
+            ),
         ] {
             assert!(!listed(&api.get(list).await.json, id), "{list} lists {id}");
             let row = api.get(&format!("{list}/{id}")).await;
             assert_eq!(row.status, 410, "{}", row.text);
             assert_eq!(row.error_code(), "archived", "{}", row.text);
             assert!(row.error_message().contains("archived"), "{}", row.text);
+            // Nor can it be changed: the same 410, and nothing written.
+            let put = api.put(&format!("{list}/{id}"), &change).await;
+            assert_eq!(put.status, 410, "PUT {list}/{id}: {}", put.text);
+            assert_eq!(put.error_code(), "archived", "{}", put.text);
             let archived = api.get(&format!("{list}?archived=true")).await.json;
             assert!(listed(&archived, id), "{list}?archived=true omits {id}");
             let shown = archived
