@@ -296,12 +296,15 @@ fn main() {
     let (settled_rss, _) = cold.rss_mib();
     eprintln!("plan file written, writes settled after {settled:.1?}, RSS {settled_rss} MiB");
 
-    // Steady state: an operator makes `due` rules due one after another.
+    // Steady state: an operator makes `due` rules due one after another,
+    // in an order unrelated to their ids (SQLite keeps the table in id order).
     let due = per_second * seconds;
     let window_start = common::wall_ms() + 5_000;
     runtime.block_on(store.execute_sql(&format!(
-        "UPDATE branch_rules SET next_run_time = {window_start} + (rowid - 1) * 1000 / {per_second} \
-         WHERE rowid <= {due}"
+        "WITH ranked AS (SELECT id, ROW_NUMBER() OVER (ORDER BY substr(id, 25)) AS n \
+         FROM branch_rules) \
+         UPDATE branch_rules SET next_run_time = {window_start} + (ranked.n - 1) * 1000 / {per_second} \
+         FROM ranked WHERE ranked.id = branch_rules.id AND ranked.n <= {due}"
     )))
     .unwrap();
     let bytes_before = cold.plan_bytes_written();

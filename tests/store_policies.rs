@@ -281,6 +281,25 @@ both_backends!(
     }
 );
 
+/// A store on `db` with the SQLite migrations older than `version`
+/// applied, to write rows the way an older release left them.
+async fn sqlite_migrated_before(db: &TestDb, version: i64) -> Store {
+    let store = Store::connect(&db.url).await.unwrap();
+    let Store::Sqlite(pool) = &store else {
+        unreachable!()
+    };
+    let mut migrator = sqlx::migrate!("./migrations/sqlite");
+    let before: Vec<_> = migrator
+        .migrations
+        .iter()
+        .filter(|m| m.version < version)
+        .cloned()
+        .collect();
+    migrator.migrations = before.into();
+    migrator.run(pool).await.unwrap();
+    store
+}
+
 /// The SQLite rebuild of executions keeps every index the earlier
 /// migrations left on it, and a database with history keeps its rows.
 #[tokio::test]
@@ -331,19 +350,7 @@ async fn the_sqlite_rebuild_keeps_rows_and_indexes() {
 
     // Rows written before the migration survive it.
     let db = common::sqlite_db().await;
-    let store = Store::connect(&db.url).await.unwrap();
-    let Store::Sqlite(pool) = &store else {
-        unreachable!()
-    };
-    let mut migrator = sqlx::migrate!("./migrations/sqlite");
-    let before: Vec<_> = migrator
-        .migrations
-        .iter()
-        .filter(|m| m.version < 20261123000009)
-        .cloned()
-        .collect();
-    migrator.migrations = before.into();
-    migrator.run(pool).await.unwrap();
+    let store = sqlite_migrated_before(&db, 20261123000009).await;
     store
         .execute_sql(&format!(
             "INSERT INTO brands (id, name) VALUES ('{}', 'Acme'); \
@@ -391,6 +398,126 @@ async fn the_sqlite_rebuild_keeps_rows_and_indexes() {
         (loaded.policy, loaded.retry_of, loaded.failed_attempts),
         (None, None, 0)
     );
+    store.close().await;
+}
+
+/// The SQLite rebuild of branch_rules in id order (migration ..10) keeps
+/// every rule with its columns, and the actions and history that point at
+/// it: with foreign keys on, dropping the old table would have deleted
+/// them by cascade. Afterwards the references hold and cascade as before,
+/// and the indexes and the updated_at trigger are back.
+#[tokio::test]
+async fn the_sqlite_branch_rules_rebuild_keeps_what_points_at_them() {
+    let db = common::sqlite_db().await;
+    let store = sqlite_migrated_before(&db, 20261127000010).await;
+    let Store::Sqlite(pool) = &store else {
+        unreachable!()
+    };
+    store
+        .execute_sql(&format!(
+            "INSERT INTO brands (id, name) VALUES ('{brand}', 'Acme'); \
+             INSERT INTO branches (id, brand_id, name) VALUES ('{branch}', '{brand}', 'Riyadh'); \
+             INSERT INTO rules (id, name, cron_expression) VALUES ('{rule}', 'hourly', '0 * * * *'); \
+             INSERT INTO branch_rules (id, branch_id, rule_id, next_run_time, lock_holder, \
+             lock_time, lock_epoch, policy, retry_of, failed_attempts, created_by, \
+             updated_at) VALUES ('{br}', '{branch}', '{rule}', {T0}, 'host-a', {T0}, 7, \
+             '{{\"max_attempts\":3}}', {T0}, 2, 'ops', 1), \
+             ('{other}', '{branch}', '{rule}', NULL, NULL, NULL, 0, NULL, NULL, 0, NULL, 1); \
+             INSERT INTO action_templates (id, name, kind) VALUES ('{template}', 't', 'noop'); \
+             INSERT INTO action_details (id, branch_rule_id, action_template_id, position) \
+             VALUES ('{detail}', '{br}', '{template}', 0); \
+             INSERT INTO executions (id, branch_rule_id, scheduled_for, status, attempt, owner, \
+             lock_epoch, requested_at, finished_at) \
+             VALUES ('{execution}', '{br}', {T0}, 'completed', 1, 'host-a', 7, {T0}, {T0})",
+            brand = id(1),
+            branch = id(2),
+            rule = id(3),
+            br = id(10),
+            other = id(11),
+            template = id(20),
+            detail = id(21),
+            execution = id(90),
+        ))
+        .await
+        .unwrap();
+
+    store.migrate().await.unwrap();
+
+    let count = |table: &str| scalar(&store, format!("SELECT COUNT(*) FROM {table}"));
+    assert_eq!(count("branch_rules").await, 2);
+    assert_eq!(count("action_details").await, 1, "the actions survive");
+    assert_eq!(count("executions").await, 1, "the history survives");
+    let loaded = rule(&store, 10).await;
+    assert_eq!(
+        (
+            loaded.next_run_time,
+            loaded.lock_holder.as_deref(),
+            loaded.lock_epoch,
+            loaded.retry_of,
+            loaded.failed_attempts,
+        ),
+        (Some(T0), Some("host-a"), 7, Some(T0), 2)
+    );
+    assert_eq!(loaded.policy, Some(policy(json!({"max_attempts": 3}))));
+    let without_rowid: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM sqlite_master WHERE name = 'branch_rules' \
+         AND sql LIKE '%WITHOUT ROWID'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(without_rowid, 1, "the table is kept in id order");
+    let schema: Vec<String> = sqlx::query_scalar(
+        "SELECT name FROM sqlite_master WHERE tbl_name = 'branch_rules' \
+         AND type IN ('index', 'trigger') ORDER BY name",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        schema,
+        [
+            "branch_rules_branch_id_idx",
+            "branch_rules_brand_rule_id_idx",
+            "branch_rules_lock_holder_idx",
+            "branch_rules_next_run_time_idx",
+            "branch_rules_rule_id_idx",
+            "branch_rules_touch_updated_at",
+            "branch_rules_updated_at_idx",
+        ]
+    );
+
+    // The references hold and cascade; the trigger still bumps updated_at.
+    let orphan = store
+        .execute_sql(&format!(
+            "INSERT INTO executions (id, branch_rule_id, scheduled_for, status, attempt, \
+             owner, requested_at) VALUES ('{}', '{}', {T0}, 'completed', 1, 'x', {T0})",
+            id(91),
+            id(99)
+        ))
+        .await;
+    assert!(orphan.is_err(), "an execution of no branch rule is refused");
+    store
+        .execute_sql(&format!(
+            "UPDATE branch_rules SET is_active = 0 WHERE id = '{}'",
+            id(11)
+        ))
+        .await
+        .unwrap();
+    let updated_at = |n: u32| {
+        scalar(
+            &store,
+            format!("SELECT updated_at FROM branch_rules WHERE id = '{}'", id(n)),
+        )
+    };
+    assert!(updated_at(11).await > 1, "the trigger bumped it");
+    assert_eq!(updated_at(10).await, 1);
+    store
+        .execute_sql(&format!("DELETE FROM branch_rules WHERE id = '{}'", id(10)))
+        .await
+        .unwrap();
+    assert_eq!(count("action_details").await, 0);
+    assert_eq!(count("executions").await, 0);
     store.close().await;
 }
 
