@@ -195,6 +195,9 @@ both_backends!(
                 .iter()
                 .find(|row| row["id"] == id.as_str())
                 .unwrap();
+            for (field, refused) in change.as_object().unwrap() {
+                assert_ne!(&shown[field], refused, "PUT {list}/{id} wrote {field}");
+            }
             assert!(
                 shown["archived_at"].is_string() || shown["is_archived"] == true,
                 "{shown}"

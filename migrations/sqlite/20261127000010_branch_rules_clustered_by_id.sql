@@ -7,9 +7,10 @@
 -- different page of the table: each commit wrote one page per rule twice
 -- (claim, release), and each lookup went through the id index first. As a
 -- WITHOUT ROWID table the rows are kept in id order, the rules of one batch
--- share pages, and the primary key is the table itself. A 20,000-job drain
--- ran 15% faster with 10 workers and a third faster with 50 (BENCHMARKS.md,
--- "Branch rules in id order").
+-- share pages, and the primary key is the table itself. Drains of 20,000
+-- jobs ran about a third faster with 10 and with 50 workers, and of
+-- 100,000 jobs over half faster (BENCHMARKS.md, "Branch rules in id
+-- order").
 --
 -- SQLite cannot change a table's storage in place, so the table is rebuilt
 -- by SQLite's "making other kinds of table schema changes" procedure.
@@ -19,7 +20,9 @@
 -- transaction (the first line says so), switches foreign keys off, which
 -- SQLite allows only outside a transaction, and does the rebuild in a
 -- transaction of its own: a crash inside it leaves the old table whole.
--- Every row is copied, so no reference changes. Run twice (a crash after
+-- A failed statement fails the start, and the process takes the
+-- connection, still inside that transaction, with it. Every row is
+-- copied, so no reference changes. Run twice (a crash after
 -- the COMMIT, before sqlx records the migration), it rebuilds the same
 -- table again.
 PRAGMA foreign_keys = OFF;
