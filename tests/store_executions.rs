@@ -1129,6 +1129,92 @@ async fn the_postgres_writer_finds_its_rows_by_key_on_a_young_database() {
     );
 }
 
+/// PostgreSQL's writer runs a transaction per lane at once, each lane
+/// holding the transitions of its own branch rules. A write that waits on a
+/// row lock (an operator's open transaction on the rule, say) holds up its
+/// lane only: other rules' claims commit meanwhile, and the waiting rule's
+/// own later transitions stay behind it, in order.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_postgres_write_waiting_on_a_row_lock_holds_up_only_its_own_lane() {
+    let Some(db) = common::postgres_db().await else {
+        return;
+    };
+    let blocked = 300;
+    let others = 301..317;
+    let store = store_with_rules(&db, std::iter::once(blocked).chain(others.clone())).await;
+    let batcher = TransitionBatcher::new(store.clone());
+    let fence = batcher
+        .claim(&request(blocked, HOLDER, T0))
+        .await
+        .unwrap()
+        .expect("claimed")
+        .fence();
+
+    let operator = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&db.url)
+        .await
+        .unwrap();
+    let mut operator_tx = operator.begin().await.unwrap();
+    sqlx::query("SELECT id FROM branch_rules WHERE id = $1 FOR UPDATE")
+        .bind(id(blocked).to_string())
+        .execute(&mut *operator_tx)
+        .await
+        .unwrap();
+
+    // The finish waits on the operator's row lock; the claim of the same
+    // rule, queued right behind it, must wait for it.
+    let finish = batcher
+        .queue_finish(&fence, &completed(T0 + 10, Some(T0 + 20)))
+        .await;
+    let reclaim = batcher
+        .enqueue(Transition::Claim(request(blocked, HOLDER, T0 + 30)))
+        .await;
+    let finish = tokio::spawn(finish.finished());
+    let reclaim = tokio::spawn(reclaim.outcome());
+
+    let mut claims = tokio::task::JoinSet::new();
+    for n in others.clone() {
+        let batcher = batcher.clone();
+        claims.spawn(async move { batcher.claim(&request(n, HOLDER, T0)).await });
+    }
+    let first = tokio::time::timeout(Duration::from_secs(30), claims.join_next())
+        .await
+        .expect("another rule's claim committed while one rule's write waited on a row lock")
+        .expect("a claim ran");
+    assert!(first.unwrap().unwrap().is_some(), "that claim took its rule");
+    assert!(
+        !finish.is_finished() && !reclaim.is_finished(),
+        "the rule behind the row lock wrote nothing yet, and nothing of it overtook"
+    );
+
+    operator_tx.commit().await.unwrap();
+    let row = finish
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("the finish released the rule");
+    assert_eq!(row.lock_holder, None);
+    assert_eq!(row.next_run_time, Some(T0 + 20));
+    match reclaim.await.unwrap().unwrap() {
+        TransitionOutcome::Claimed(Some(claim)) => {
+            assert_eq!(
+                claim.branch_rule.lock_epoch,
+                fence.epoch + 1,
+                "claimed after the finish"
+            )
+        }
+        other => panic!("the claim queued behind the finish: {other:?}"),
+    }
+    while let Some(claim) = claims.join_next().await {
+        assert!(
+            claim.unwrap().unwrap().is_some(),
+            "every other rule was claimed"
+        );
+    }
+    operator.close().await;
+}
+
 /// Scans of `executions` and `branch_rules` so far, read once every other
 /// session on the database has ended (a session's counts reach the
 /// statistics when it ends, at the latest).

@@ -16,6 +16,13 @@
 //! anything and takes whatever queued up meanwhile (up to the bound) into
 //! the next, so a lone caller waits one commit and a crowd shares commits.
 //!
+//! SQLite has one writer, so it has one task. PostgreSQL gets
+//! [`POSTGRES_WRITER_LANES`] tasks, each with its own connection and its
+//! own share of the branch rules: a rule's transitions always go through
+//! the same lane, in the order they were queued, and lanes never touch each
+//! other's rows, so their transactions neither wait for nor deadlock with
+//! each other.
+//!
 //! The task keeps one connection between batches (see [`Conn`]) and lets it
 //! go when the store is closed, so [`Store::close`] does not wait for it.
 //! On SQLite a second task copies the WAL back into the database file after
@@ -33,7 +40,7 @@ use super::claims::postgres as postgres_ops;
 use super::claims::sqlite as sqlite_ops;
 use super::claims::{SQLITE_BEGIN_WRITE, end_tx};
 use super::direct::{DirectFailure, WriterConn};
-use super::grouped::{ItemResult, apply_grouped};
+use super::grouped::{ItemResult, apply_grouped, branch_rule_of};
 use super::{Store, StoreError};
 use crate::lifecycle::{Claim, ClaimRequest, Fence, Finish};
 use crate::model::{BranchRule, Millis};
@@ -41,6 +48,15 @@ use crate::model::{BranchRule, Millis};
 /// Default bound of one transaction: large enough to amortise a commit over
 /// hundreds of writes, small enough that the write lock is held briefly.
 pub const DEFAULT_MAX_BATCH: usize = 512;
+
+/// Transactions PostgreSQL's writer keeps in flight at once. One lane spent
+/// most of a batch waiting: a batch is six or seven round trips (BEGIN, the
+/// claims, their executions, the Scheduled/Running update, the release, the
+/// finish, COMMIT), and the server worked on it about 60% of the time, on
+/// one of its cores. Two lanes drained a 10,000 burst 20% faster with 10
+/// workers and 40% faster with 50; three did no better than two on a two-core
+/// machine (BENCHMARKS.md, *PostgreSQL's writer in two lanes*).
+const POSTGRES_WRITER_LANES: usize = 2;
 
 /// One lifecycle write. Serializable so an engine can keep unsent ones in
 /// its outbox.
@@ -82,11 +98,11 @@ struct Request {
     reply: oneshot::Sender<Result<TransitionOutcome, BatchError>>,
 }
 
-/// A handle to the group-commit task. Cheap to clone; the task ends when
-/// the last handle is dropped.
+/// A handle to the group-commit tasks, one a lane. Cheap to clone; the
+/// tasks end when the last handle is dropped.
 #[derive(Debug, Clone)]
 pub struct TransitionBatcher {
-    requests: mpsc::Sender<Request>,
+    lanes: Arc<[mpsc::Sender<Request>]>,
 }
 
 impl TransitionBatcher {
@@ -96,15 +112,35 @@ impl TransitionBatcher {
         TransitionBatcher::with_max_batch(store, DEFAULT_MAX_BATCH)
     }
 
-    /// Spawns the task; at most `max_batch` (at least 1) transitions share
+    /// Spawns the tasks; at most `max_batch` (at least 1) transitions share
     /// a transaction.
     pub fn with_max_batch(store: Store, max_batch: usize) -> TransitionBatcher {
         let max_batch = max_batch.max(1);
-        // Callers wait for room beyond a few batches: backpressure instead
-        // of an unbounded queue when the database is slower than the engine.
-        let (requests, receiver) = mpsc::channel(max_batch * 4);
-        tokio::spawn(run(store, receiver, max_batch));
-        TransitionBatcher { requests }
+        let lanes = match &store {
+            Store::Sqlite(_) => 1,
+            Store::Postgres(_) => POSTGRES_WRITER_LANES,
+        };
+        let lanes = (0..lanes)
+            .map(|_| {
+                // Callers wait for room beyond a few batches: backpressure
+                // instead of an unbounded queue when the database is slower
+                // than the engine.
+                let (requests, receiver) = mpsc::channel(max_batch * 4);
+                tokio::spawn(run(store.clone(), receiver, max_batch));
+                requests
+            })
+            .collect();
+        TransitionBatcher { lanes }
+    }
+
+    /// The lane of a transition: its branch rule's, so that rule's
+    /// transitions keep their order and no two lanes write the same row.
+    fn lane(&self, transition: &Transition) -> &mpsc::Sender<Request> {
+        let (high, low) = branch_rule_of(transition).as_u64_pair();
+        // Both halves: a v7 id's high half is its time, a hand-made id's
+        // low half may be a counter.
+        let lane = (high ^ low) % self.lanes.len() as u64;
+        &self.lanes[lane as usize]
     }
 
     /// Submits any transition and waits for its own result.
@@ -121,16 +157,17 @@ impl TransitionBatcher {
     }
 
     /// Queues a transition without waiting for its commit: it waits only
-    /// for room in the queue. Transitions enqueued one after another commit
-    /// in that order (the same batch keeps a rule's transitions in order),
-    /// so a caller can queue a write that depends on an earlier one before
-    /// the earlier one has committed.
+    /// for room in the queue. Transitions of one branch rule enqueued one
+    /// after another commit in that order (they share a lane, and the same
+    /// batch keeps a rule's transitions in order), so a caller can queue a
+    /// write that depends on an earlier one before the earlier one has
+    /// committed. Transitions of different rules may commit in any order.
     pub async fn enqueue(&self, transition: Transition) -> PendingTransition {
         let (reply, answer) = oneshot::channel();
         let request = Request { transition, reply };
         // If the task is gone the request, and its reply sender, drop
         // here: the pending outcome then reads as closed.
-        let _ = self.requests.send(request).await;
+        let _ = self.lane(&request.transition).send(request).await;
         PendingTransition { answer }
     }
 

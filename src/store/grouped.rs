@@ -63,7 +63,7 @@ impl Table {
 
 /// The branch rule a transition touches; transitions of different branch
 /// rules never touch the same row.
-fn branch_rule_of(transition: &Transition) -> Uuid {
+pub(super) fn branch_rule_of(transition: &Transition) -> Uuid {
     match transition {
         Transition::Claim(req) => req.branch_rule_id,
         Transition::Scheduled { fence, .. }
