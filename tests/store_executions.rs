@@ -1182,7 +1182,10 @@ async fn a_postgres_write_waiting_on_a_row_lock_holds_up_only_its_own_lane() {
         .await
         .expect("another rule's claim committed while one rule's write waited on a row lock")
         .expect("a claim ran");
-    assert!(first.unwrap().unwrap().is_some(), "that claim took its rule");
+    assert!(
+        first.unwrap().unwrap().is_some(),
+        "that claim took its rule"
+    );
     assert!(
         !finish.is_finished() && !reclaim.is_finished(),
         "the rule behind the row lock wrote nothing yet, and nothing of it overtook"
