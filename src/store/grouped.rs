@@ -226,11 +226,19 @@ fn renew_sql(v: &str) -> String {
 /// abandoned. Rows are taken in id order and, on PostgreSQL, rows another
 /// transaction holds are skipped rather than waited for. RETURNING gives
 /// the row after the claim (its due time, its new epoch) without a second
-/// read; `touch_branch_rule!` is what makes it exact on SQLite too.
-fn claim_sql(v: &str, row_lock: &str) -> String {
+/// read; `touch_branch_rule!` is what makes it exact on SQLite too. With
+/// `previous_holder` it also returns the holder of each lock it took (NULL
+/// when the lock was free), as `c` read it before the update: see
+/// [`GroupedConn::CLAIM_RETURNS_PREVIOUS_HOLDER`].
+fn claim_sql(v: &str, row_lock: &str, previous_holder: bool) -> String {
+    let (read_previous, return_previous) = if previous_holder {
+        (", b.lock_holder AS previous_holder", ", c.previous_holder")
+    } else {
+        ("", "")
+    };
     format!(
         "WITH v(br, holder, now, timeout, run_now) AS ({v}), \
-         c AS (SELECT b.id AS cid FROM branch_rules b JOIN v ON b.id = v.br \
+         c AS (SELECT b.id AS cid{read_previous} FROM branch_rules b JOIN v ON b.id = v.br \
          WHERE b.is_active AND NOT b.is_archived AND NOT b.is_force_stopped \
          AND (v.run_now OR b.next_run_time <= v.now) \
          AND (b.lock_holder IS NULL OR b.lock_time IS NULL OR b.lock_time < v.now - v.timeout) \
@@ -238,7 +246,7 @@ fn claim_sql(v: &str, row_lock: &str) -> String {
          UPDATE branch_rules SET lock_holder = v.holder, lock_time = v.now, \
          lock_epoch = lock_epoch + 1, is_currently_running = TRUE, {} FROM v, c \
          WHERE branch_rules.id = c.cid AND v.br = c.cid \
-         RETURNING {}",
+         RETURNING {}{return_previous}",
         touch_branch_rule!("v.now"),
         branch_rule_columns!()
     )
@@ -246,7 +254,8 @@ fn claim_sql(v: &str, row_lock: &str) -> String {
 
 /// The claims of a chunk that would take a lock from its holder (held,
 /// but older than the timeout): the taker closes what that holder left
-/// open. Rare, so a cheap look by primary key first.
+/// open. Rare, so a cheap look by primary key first, where the claim
+/// cannot say it itself.
 fn expired_locks_sql(v: &str) -> String {
     format!(
         "WITH v(br, now, timeout) AS ({v}) \
@@ -506,6 +515,12 @@ pub(super) trait GroupedConn {
     /// wait on each other, let alone deadlock); SQLite has one writer.
     const CLAIM_ROW_LOCK: &'static str;
 
+    /// Whether the claim's `RETURNING` can name the holder each lock was
+    /// taken from, saving the look-up before it ([`expired_locks_sql`]): a
+    /// round trip for every batch of claims on PostgreSQL. SQLite's
+    /// `RETURNING` may name only the updated table's columns.
+    const CLAIM_RETURNS_PREVIOUS_HOLDER: bool = false;
+
     const CHUNKING: Chunking = Chunking::PowersOfTwo { max: 64 };
 
     async fn fetch(
@@ -567,6 +582,7 @@ sqlx_grouped_conn!(
     sqlx::PgConnection,
     sqlx::postgres::PgRow,
     " FOR UPDATE OF b SKIP LOCKED",
+    const CLAIM_RETURNS_PREVIOUS_HOLDER: bool = true;,
     const CHUNKING: Chunking = Chunking::Whole { max: 4096 };,
     fn rows_of(table: &Table) -> String {
         let arrays: Vec<String> = table.binds[..table.columns]
@@ -829,32 +845,51 @@ async fn claim_many<C: GroupedConn>(
             Bind::Bool(req.run_now),
         ]
     });
-    let expired_binds = row_binds(transitions, chunk, |transition| {
-        let req = claim_request(transition);
-        [
-            Bind::Text(id_text(req.branch_rule_id)),
-            Bind::Int(req.now),
-            Bind::Int(req.lock_timeout_ms),
-        ]
-    });
-    let expired = conn
-        .fetch_table(
-            "select expired locks",
-            expired_locks_sql(&C::rows_of(&expired_binds)),
-            expired_binds,
-        )
-        .await?;
-    let mut previous_holders = HashMap::with_capacity(expired.len());
-    for row in &expired {
-        let read = |column| {
-            row.text(column)
-                .map_err(StoreError::query("select expired locks"))
-                .map(Option::unwrap_or_default)
-        };
-        previous_holders.insert(read("id")?, read("previous_holder")?);
+    let mut previous_holders = HashMap::new();
+    if !C::CLAIM_RETURNS_PREVIOUS_HOLDER {
+        let expired_binds = row_binds(transitions, chunk, |transition| {
+            let req = claim_request(transition);
+            [
+                Bind::Text(id_text(req.branch_rule_id)),
+                Bind::Int(req.now),
+                Bind::Int(req.lock_timeout_ms),
+            ]
+        });
+        let expired = conn
+            .fetch_table(
+                "select expired locks",
+                expired_locks_sql(&C::rows_of(&expired_binds)),
+                expired_binds,
+            )
+            .await?;
+        for row in &expired {
+            let read = |column| {
+                row.text(column)
+                    .map_err(StoreError::query("select expired locks"))
+                    .map(Option::unwrap_or_default)
+            };
+            previous_holders.insert(read("id")?, read("previous_holder")?);
+        }
     }
-    let sql = claim_sql(&C::rows_of(&binds), C::CLAIM_ROW_LOCK);
-    let mut claimed = branch_rules_by_id(conn, "claim branch_rules", sql, binds).await?;
+    let op = "claim branch_rules";
+    let sql = claim_sql(
+        &C::rows_of(&binds),
+        C::CLAIM_ROW_LOCK,
+        C::CLAIM_RETURNS_PREVIOUS_HOLDER,
+    );
+    let rows = conn.fetch_table(op, sql, binds).await?;
+    let mut claimed = HashMap::with_capacity(rows.len());
+    for row in &rows {
+        let rule = decode_branch_rule(row)?;
+        // The claim took only a free lock or one past its timeout, so a
+        // previous holder here is one whose claim expired.
+        if C::CLAIM_RETURNS_PREVIOUS_HOLDER
+            && let Some(previous) = row.text("previous_holder").map_err(StoreError::query(op))?
+        {
+            previous_holders.insert(id_text(rule.id), previous);
+        }
+        claimed.insert(rule.id, rule);
+    }
     let taken_over: Vec<usize> = chunk
         .iter()
         .copied()
