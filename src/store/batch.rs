@@ -53,9 +53,9 @@ pub const DEFAULT_MAX_BATCH: usize = 512;
 /// most of a batch waiting: a batch is six or seven round trips (BEGIN, the
 /// claims, their executions, the Scheduled/Running update, the release, the
 /// finish, COMMIT), and the server worked on it about 60% of the time, on
-/// one of its cores. Two lanes drained a 10,000 burst 20% faster with 10
-/// workers and 40% faster with 50; three did no better than two on a two-core
-/// machine (BENCHMARKS.md, *PostgreSQL's writer in two lanes*).
+/// one of its cores. Two lanes drained bursts 12–20% faster with 10
+/// workers and 36–45% faster with 50; three did no better than two on a
+/// two-core machine (BENCHMARKS.md, *PostgreSQL's writer in two lanes*).
 const POSTGRES_WRITER_LANES: usize = 2;
 
 /// One lifecycle write. Serializable so an engine can keep unsent ones in
