@@ -1140,6 +1140,7 @@ async fn a_postgres_write_waiting_on_a_row_lock_holds_up_only_its_own_lane() {
         return;
     };
     let blocked = 300;
+    // Sixteen rules: some share rule 300's lane, the others do not.
     let others = 301..317;
     let store = store_with_rules(&db, std::iter::once(blocked).chain(others.clone())).await;
     let batcher = TransitionBatcher::new(store.clone());
@@ -1216,6 +1217,89 @@ async fn a_postgres_write_waiting_on_a_row_lock_holds_up_only_its_own_lane() {
         );
     }
     operator.close().await;
+}
+
+/// A barrier returns only once every lane has run what was queued before
+/// it, whichever lane that is in. A restarted master recovers its
+/// predecessor's jobs after the barrier, so a finish still queued on any
+/// lane must land first, or the job would be recorded lost and run again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_postgres_barrier_waits_for_every_lane() {
+    let Some(db) = common::postgres_db().await else {
+        return;
+    };
+    // Rules of every lane among the blocked ones, whatever the hash.
+    let blocked = 400..404;
+    let others = 410..426;
+    let store = store_with_rules(&db, blocked.clone().chain(others.clone())).await;
+    let batcher = TransitionBatcher::new(store.clone());
+    let operator = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&db.url)
+        .await
+        .unwrap();
+    for (round, n) in blocked.enumerate() {
+        let now = T0 + 1_000 * round as Millis;
+        let fence = batcher
+            .claim(&request(n, HOLDER, now))
+            .await
+            .unwrap()
+            .expect("claimed")
+            .fence();
+        let mut operator_tx = operator.begin().await.unwrap();
+        sqlx::query("SELECT id FROM branch_rules WHERE id = $1 FOR UPDATE")
+            .bind(id(n).to_string())
+            .execute(&mut *operator_tx)
+            .await
+            .unwrap();
+        let finish = batcher
+            .queue_finish(&fence, &completed(now + 10, Some(now + 86_400_000)))
+            .await;
+        let finish = tokio::spawn(finish.finished());
+        let mut barrier = std::pin::pin!(batcher.barrier(HOLDER, now + 20));
+        assert!(
+            poll_once(barrier.as_mut()).await.is_pending(),
+            "rule {n}: the barrier waits behind the finish"
+        );
+
+        // A claim queued after the barrier commits on another lane; the
+        // barrier went through that lane before it, but not through rule
+        // n's, which the operator holds up.
+        let mut claims = tokio::task::JoinSet::new();
+        for other in others.clone() {
+            let batcher = batcher.clone();
+            claims.spawn(async move { batcher.claim(&request(other, HOLDER, now)).await });
+        }
+        tokio::time::timeout(Duration::from_secs(30), claims.join_next())
+            .await
+            .expect("a claim on another lane committed")
+            .expect("a claim ran")
+            .unwrap()
+            .unwrap();
+        assert!(
+            poll_once(barrier.as_mut()).await.is_pending(),
+            "rule {n}: the barrier returned while its finish was still queued"
+        );
+
+        operator_tx.commit().await.unwrap();
+        barrier.await;
+        assert_eq!(
+            rule(&store, n).await.lock_holder,
+            None,
+            "rule {n}: its finish committed before the barrier returned"
+        );
+        assert!(finish.await.unwrap().unwrap().is_some());
+        while let Some(claim) = claims.join_next().await {
+            claim.unwrap().unwrap();
+        }
+    }
+    operator.close().await;
+}
+
+/// Polls `future` once: whether it is done yet, without waiting for it.
+async fn poll_once<F: Future>(future: Pin<&mut F>) -> Poll<F::Output> {
+    let mut future = future;
+    std::future::poll_fn(|cx| Poll::Ready(future.as_mut().poll(cx))).await
 }
 
 /// Scans of `executions` and `branch_rules` so far, read once every other

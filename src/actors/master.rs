@@ -238,16 +238,10 @@ impl MasterState {
         let args = &self.args;
         let instance_id = &args.config.instance_id;
         let now = args.clock.now_ms();
-        // The group commit runs its queue in order: once this no-op has
-        // committed, so have the claims and writes the old master and its
-        // workers queued before they stopped.
-        let barrier = Fence {
-            execution_id: Uuid::nil(),
-            branch_rule_id: Uuid::nil(),
-            holder: instance_id.clone(),
-            epoch: -1,
-        };
-        let _ = args.batcher.renew_lock(&barrier, now).await;
+        // The group commit runs each of its queues in order: once the
+        // barrier is through every one, so are the claims and writes the
+        // old master and its workers queued before they stopped.
+        args.batcher.barrier(instance_id, now).await;
         // Results kept in the outbox are real outcomes: they land before
         // the rest is declared lost.
         if let Some(refresher) = args.directory.refresher() {

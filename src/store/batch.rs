@@ -35,6 +35,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::pool::PoolConnection;
 use sqlx::{Connection, Postgres, Sqlite};
 use tokio::sync::{mpsc, oneshot};
+use uuid::Uuid;
 
 use super::claims::postgres as postgres_ops;
 use super::claims::sqlite as sqlite_ops;
@@ -54,8 +55,10 @@ pub const DEFAULT_MAX_BATCH: usize = 512;
 /// claims, their executions, the Scheduled/Running update, the release, the
 /// finish, COMMIT), and the server worked on it about 60% of the time, on
 /// one of its cores. Two lanes drained bursts 12–20% faster with 10
-/// workers and 36–45% faster with 50; three did no better than two on a
-/// two-core machine (BENCHMARKS.md, *PostgreSQL's writer in two lanes*).
+/// workers (though not the engine bench's default 10-worker burst, where
+/// each job waits for its own commit) and 36–45% faster with 50; three did
+/// no better than two on a two-core machine (BENCHMARKS.md, *PostgreSQL's
+/// writer in two lanes*).
 const POSTGRES_WRITER_LANES: usize = 2;
 
 /// One lifecycle write. Serializable so an engine can keep unsent ones in
@@ -106,7 +109,7 @@ pub struct TransitionBatcher {
 }
 
 impl TransitionBatcher {
-    /// Spawns the task on the current tokio runtime with
+    /// Spawns the tasks on the current tokio runtime with
     /// [`DEFAULT_MAX_BATCH`]. Panics outside a tokio runtime.
     pub fn new(store: Store) -> TransitionBatcher {
         TransitionBatcher::with_max_batch(store, DEFAULT_MAX_BATCH)
@@ -169,6 +172,36 @@ impl TransitionBatcher {
         // here: the pending outcome then reads as closed.
         let _ = self.lane(&request.transition).send(request).await;
         PendingTransition { answer }
+    }
+
+    /// Returns once everything queued before the call has committed or
+    /// failed, on every lane: a write that matches no row (a lock renewal
+    /// of the nil branch rule) is queued on each lane and waited for. Each
+    /// lane runs its queue in order, and a barrier routed like a
+    /// transition would wait for one lane only. `holder` and `now` only
+    /// fill the write.
+    pub async fn barrier(&self, holder: &str, now: Millis) {
+        let fence = Fence {
+            execution_id: Uuid::nil(),
+            branch_rule_id: Uuid::nil(),
+            holder: holder.to_owned(),
+            epoch: -1,
+        };
+        let mut pending = Vec::with_capacity(self.lanes.len());
+        for lane in self.lanes.iter() {
+            let (reply, answer) = oneshot::channel();
+            let transition = Transition::RenewLock {
+                fence: fence.clone(),
+                now,
+            };
+            // A lane that is gone has nothing left to wait for: its
+            // pending outcome reads as closed.
+            let _ = lane.send(Request { transition, reply }).await;
+            pending.push(PendingTransition { answer });
+        }
+        for lane in pending {
+            let _ = lane.outcome().await;
+        }
     }
 
     /// [`Store::claim`], group-committed.
