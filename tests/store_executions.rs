@@ -1151,17 +1151,8 @@ async fn a_postgres_write_waiting_on_a_row_lock_holds_up_only_its_own_lane() {
         .expect("claimed")
         .fence();
 
-    let operator = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&db.url)
-        .await
-        .unwrap();
-    let mut operator_tx = operator.begin().await.unwrap();
-    sqlx::query("SELECT id FROM branch_rules WHERE id = $1 FOR UPDATE")
-        .bind(id(blocked).to_string())
-        .execute(&mut *operator_tx)
-        .await
-        .unwrap();
+    let operator = own_pool(&db).await;
+    let operator_tx = hold_row_lock(&operator, blocked).await;
 
     // The finish waits on the operator's row lock; the claim of the same
     // rule, queued right behind it, must wait for it.
@@ -1174,19 +1165,8 @@ async fn a_postgres_write_waiting_on_a_row_lock_holds_up_only_its_own_lane() {
     let finish = tokio::spawn(finish.finished());
     let reclaim = tokio::spawn(reclaim.outcome());
 
-    let mut claims = tokio::task::JoinSet::new();
-    for n in others.clone() {
-        let batcher = batcher.clone();
-        claims.spawn(async move { batcher.claim(&request(n, HOLDER, T0)).await });
-    }
-    let first = tokio::time::timeout(Duration::from_secs(30), claims.join_next())
-        .await
-        .expect("another rule's claim committed while one rule's write waited on a row lock")
-        .expect("a claim ran");
-    assert!(
-        first.unwrap().unwrap().is_some(),
-        "that claim took its rule"
-    );
+    let (first, mut claims) = claims_until_one_commits(&batcher, others, T0).await;
+    assert!(first.unwrap().is_some(), "that claim took its rule");
     assert!(
         !finish.is_finished() && !reclaim.is_finished(),
         "the rule behind the row lock wrote nothing yet, and nothing of it overtook"
@@ -1233,11 +1213,7 @@ async fn a_postgres_barrier_waits_for_every_lane() {
     let others = 410..426;
     let store = store_with_rules(&db, blocked.clone().chain(others.clone())).await;
     let batcher = TransitionBatcher::new(store.clone());
-    let operator = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&db.url)
-        .await
-        .unwrap();
+    let operator = own_pool(&db).await;
     for (round, n) in blocked.enumerate() {
         let now = T0 + 1_000 * round as Millis;
         let fence = batcher
@@ -1246,12 +1222,7 @@ async fn a_postgres_barrier_waits_for_every_lane() {
             .unwrap()
             .expect("claimed")
             .fence();
-        let mut operator_tx = operator.begin().await.unwrap();
-        sqlx::query("SELECT id FROM branch_rules WHERE id = $1 FOR UPDATE")
-            .bind(id(n).to_string())
-            .execute(&mut *operator_tx)
-            .await
-            .unwrap();
+        let operator_tx = hold_row_lock(&operator, n).await;
         let finish = batcher
             .queue_finish(&fence, &completed(now + 10, Some(now + 86_400_000)))
             .await;
@@ -1265,17 +1236,8 @@ async fn a_postgres_barrier_waits_for_every_lane() {
         // A claim queued after the barrier commits on another lane; the
         // barrier went through that lane before it, but not through rule
         // n's, which the operator holds up.
-        let mut claims = tokio::task::JoinSet::new();
-        for other in others.clone() {
-            let batcher = batcher.clone();
-            claims.spawn(async move { batcher.claim(&request(other, HOLDER, now)).await });
-        }
-        tokio::time::timeout(Duration::from_secs(30), claims.join_next())
-            .await
-            .expect("a claim on another lane committed")
-            .expect("a claim ran")
-            .unwrap()
-            .unwrap();
+        let (first, mut claims) = claims_until_one_commits(&batcher, others.clone(), now).await;
+        first.unwrap();
         assert!(
             poll_once(barrier.as_mut()).await.is_pending(),
             "rule {n}: the barrier returned while its finish was still queued"
@@ -1296,6 +1258,53 @@ async fn a_postgres_barrier_waits_for_every_lane() {
     operator.close().await;
 }
 
+/// One connection of the test's own, beside the store's (an operator's
+/// `psql`, say).
+async fn own_pool(db: &TestDb) -> sqlx::PgPool {
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&db.url)
+        .await
+        .unwrap()
+}
+
+/// An open transaction holding branch rule `n`'s row lock until it ends.
+async fn hold_row_lock(
+    operator: &sqlx::PgPool,
+    n: u32,
+) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut tx = operator.begin().await.unwrap();
+    sqlx::query("SELECT id FROM branch_rules WHERE id = $1 FOR UPDATE")
+        .bind(id(n).to_string())
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx
+}
+
+type ClaimOutcome = Result<Option<Claim>, ruled::store::BatchError>;
+
+/// Claims of the rules `ns` through the batcher, a task each: the first
+/// to commit, and the others still running. Panics when none commits
+/// within 30 s (a lane held up by a row lock holds up only its own rules).
+async fn claims_until_one_commits(
+    batcher: &TransitionBatcher,
+    ns: std::ops::Range<u32>,
+    now: Millis,
+) -> (ClaimOutcome, tokio::task::JoinSet<ClaimOutcome>) {
+    let mut claims = tokio::task::JoinSet::new();
+    for n in ns {
+        let batcher = batcher.clone();
+        claims.spawn(async move { batcher.claim(&request(n, HOLDER, now)).await });
+    }
+    let first = tokio::time::timeout(Duration::from_secs(30), claims.join_next())
+        .await
+        .expect("a rule's claim committed while another rule's write waited on a row lock")
+        .expect("a claim ran")
+        .unwrap();
+    (first, claims)
+}
+
 /// Polls `future` once: whether it is done yet, without waiting for it.
 async fn poll_once<F: Future>(future: Pin<&mut F>) -> Poll<F::Output> {
     let mut future = future;
@@ -1312,11 +1321,7 @@ struct TableScans {
 }
 
 async fn table_scans(db: &TestDb) -> TableScans {
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&db.url)
-        .await
-        .unwrap();
+    let pool = own_pool(db).await;
     common::eventually(
         Duration::from_secs(10),
         "every other session on the test database ended",
