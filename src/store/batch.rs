@@ -166,12 +166,7 @@ impl TransitionBatcher {
     /// write that depends on an earlier one before the earlier one has
     /// committed. Transitions of different rules may commit in any order.
     pub async fn enqueue(&self, transition: Transition) -> PendingTransition {
-        let (reply, answer) = oneshot::channel();
-        let request = Request { transition, reply };
-        // If the task is gone the request, and its reply sender, drop
-        // here: the pending outcome then reads as closed.
-        let _ = self.lane(&request.transition).send(request).await;
-        PendingTransition { answer }
+        enqueue_on(self.lane(&transition), transition).await
     }
 
     /// Returns once everything queued before the call has committed or
@@ -189,15 +184,11 @@ impl TransitionBatcher {
         };
         let mut pending = Vec::with_capacity(self.lanes.len());
         for lane in self.lanes.iter() {
-            let (reply, answer) = oneshot::channel();
             let transition = Transition::RenewLock {
                 fence: fence.clone(),
                 now,
             };
-            // A lane that is gone has nothing left to wait for: its
-            // pending outcome reads as closed.
-            let _ = lane.send(Request { transition, reply }).await;
-            pending.push(PendingTransition { answer });
+            pending.push(enqueue_on(lane, transition).await);
         }
         for lane in pending {
             let _ = lane.outcome().await;
@@ -252,6 +243,15 @@ impl TransitionBatcher {
     async fn applied(&self, transition: Transition) -> Result<bool, BatchError> {
         self.enqueue(transition).await.applied().await
     }
+}
+
+/// Queues `transition` on `lane`. If the lane's task is gone the request,
+/// and its reply sender, drop here: the pending outcome then reads as
+/// closed.
+async fn enqueue_on(lane: &mpsc::Sender<Request>, transition: Transition) -> PendingTransition {
+    let (reply, answer) = oneshot::channel();
+    let _ = lane.send(Request { transition, reply }).await;
+    PendingTransition { answer }
 }
 
 /// A transition queued by [`TransitionBatcher::enqueue`]: its outcome once
