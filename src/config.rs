@@ -162,7 +162,7 @@ pub struct Config {
     /// than this are pruned; 0 keeps the history forever.
     pub execution_retention_days: usize,
     /// How often the pruner looks for history to prune (not a setting: the
-    /// first look is a minute after start, then one an hour).
+    /// first look is ten seconds after start, then one an hour).
     pub prune_interval: Duration,
     /// Rows one prune statement deletes at most: short enough that the
     /// engine's writes never wait long behind it.

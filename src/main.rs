@@ -174,7 +174,15 @@ async fn run(command: Command, config: Config) -> anyhow::Result<()> {
             }
         }
         Command::Prune { dry_run } => {
-            let store = connect(&config).await?;
+            // A dry run writes nothing: it neither migrates the database
+            // nor creates one where there is none.
+            let store = if dry_run {
+                Store::connect_existing(&config.database_url)
+                    .await
+                    .with_context(|| format!("connecting to {}", redact(&config.database_url)))?
+            } else {
+                connect(&config).await?
+            };
             let now = Clock::system().now_ms();
             let outcome = prune::prune(&store, &config, now, dry_run).await?;
             for line in prune::prune_lines(&outcome, &config) {

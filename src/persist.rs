@@ -91,6 +91,12 @@ pub fn write_plan_file(path: &Path, snapshot: &PlanSnapshot) -> Result<usize, Pe
 
 /// Appends `delta` to the journal beside the plan file at `path` and
 /// syncs it. Returns the bytes written.
+///
+/// A failed append (disk full, an I/O error) is cut back off, and an
+/// append finds the journal ending in a whole line or cuts it back to the
+/// last one: the writer retries a failed delta, and a retry glued to the
+/// fragment of the first try would be one unreadable line, at which a read
+/// stops, losing it and every later change (outbox and running flags too).
 pub fn append_plan_delta(path: &Path, delta: &PlanDelta) -> Result<usize, PersistError> {
     let journal = journal_path(path);
     let fail = |source| PersistError::Write {
@@ -100,13 +106,22 @@ pub fn append_plan_delta(path: &Path, delta: &PlanDelta) -> Result<usize, Persis
     let line = delta.to_json_line();
     let created = !journal.exists();
     let mut file = OpenOptions::new()
+        .read(true)
         .append(true)
         .create(true)
         .mode(0o600)
         .open(&journal)
         .map_err(fail)?;
-    file.write_all(&line).map_err(fail)?;
-    file.sync_data().map_err(fail)?;
+    let whole = end_of_last_whole_line(&file).map_err(fail)?;
+    if whole < file.metadata().map_err(fail)?.len() {
+        file.set_len(whole).map_err(fail)?;
+    }
+    let appended = file.write_all(&line).and_then(|()| file.sync_data());
+    if let Err(source) = appended {
+        // Best effort: if this fails too, the next append cuts it back.
+        let _ = file.set_len(whole);
+        return Err(fail(source));
+    }
     if created {
         // A new file's directory entry is only durable once synced.
         if let Some(directory) = journal.parent().filter(|p| !p.as_os_str().is_empty()) {
@@ -116,6 +131,28 @@ pub fn append_plan_delta(path: &Path, delta: &PlanDelta) -> Result<usize, Persis
         }
     }
     Ok(line.len())
+}
+
+/// Where the journal's last complete line ends: its length, unless an
+/// append that failed left part of a line behind.
+fn end_of_last_whole_line(file: &File) -> io::Result<u64> {
+    use std::os::unix::fs::FileExt;
+    let len = file.metadata()?.len();
+    if len == 0 {
+        return Ok(0);
+    }
+    let mut last = [0u8; 1];
+    file.read_exact_at(&mut last, len - 1)?;
+    if last[0] == b'\n' {
+        return Ok(len);
+    }
+    // Rare (a failed append that could not be cut back): read it all.
+    let mut bytes = Vec::new();
+    io::Read::read_to_end(&mut &*file, &mut bytes)?;
+    Ok(bytes
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .map_or(0, |newline| newline as u64 + 1))
 }
 
 /// Reads the plan file and replays its journal. `Ok(None)` when there is
@@ -240,6 +277,44 @@ mod tests {
         };
         write_plan_file(&path, &snapshot).unwrap();
         assert_eq!(read_plan_file(&path).unwrap(), Some(snapshot));
+    }
+
+    /// The writer retries a delta whose append failed. If that append left
+    /// part of its line behind, the retry must not be glued to it: a read
+    /// stops at the first unreadable line and would lose the retry and
+    /// every change after it.
+    #[test]
+    fn a_retried_append_is_not_glued_to_the_fragment_of_a_failed_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("plan.json");
+        write_plan_file(&path, &PlanSnapshot::default()).unwrap();
+        let delta = |seq: u64| PlanDelta {
+            seq,
+            saved_at: seq as Millis * 1_000,
+            outbox: Some(Vec::new()),
+            ..PlanDelta::default()
+        };
+        append_plan_delta(&path, &delta(1)).unwrap();
+        let second = delta(2).to_json_line();
+        OpenOptions::new()
+            .append(true)
+            .open(journal_path(&path))
+            .unwrap()
+            .write_all(&second[..second.len() / 2])
+            .unwrap();
+        append_plan_delta(&path, &delta(2)).unwrap();
+        append_plan_delta(&path, &delta(3)).unwrap();
+
+        let read = read_plan_file(&path).unwrap().unwrap();
+        assert_eq!((read.journal_seq, read.saved_at), (3, 3_000));
+        let journal = fs::read(journal_path(&path)).unwrap();
+        assert_eq!(
+            journal,
+            [delta(1), delta(2), delta(3)]
+                .iter()
+                .flat_map(PlanDelta::to_json_line)
+                .collect::<Vec<u8>>()
+        );
     }
 
     #[test]

@@ -176,6 +176,14 @@ async fn postgres_pruners_side_by_side_delete_each_row_once() {
 #[test]
 fn ruled_prune_dry_run_says_what_would_go_then_prune_deletes_it() {
     let install = Install::new();
+    // A dry run writes nothing, not even a new database where none is.
+    let nowhere = install.run(&["prune", "--dry-run"]);
+    assert!(!nowhere.status.success(), "{nowhere:?}");
+    assert!(
+        String::from_utf8_lossy(&nowhere.stderr).contains("no database file at"),
+        "{nowhere:?}"
+    );
+    assert!(!install.path("ruled.db").exists());
     let migrate = install.run(&["migrate"]);
     assert!(migrate.status.success(), "{migrate:?}");
     let url = format!("sqlite://{}", install.path("ruled.db").display());
@@ -262,6 +270,37 @@ async fn the_service_prunes_on_its_own_and_keeps_the_rest() {
         history.kept - 3,
         "yesterday's runs stay"
     );
+    running.service.shutdown("test").await.unwrap();
+    store.close().await;
+}
+
+/// The oldest-kept gauge is there from the start, before any prune, and
+/// with EXECUTION_RETENTION_DAYS=0, when no prune ever runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_oldest_kept_is_read_at_start_even_when_history_is_kept_forever() {
+    let db = common::sqlite_db().await;
+    let store = db.store().await;
+    write_history(&store, 2).await;
+    let oldest = store.oldest_execution().await.unwrap();
+    assert!(oldest.is_some());
+    let running = start_service_with(&db.url, |config| Config {
+        execution_retention_days: 0,
+        ..config
+    })
+    .await;
+    let pruner = running.service.directory().pruner().unwrap();
+    eventually(
+        DEADLINE,
+        "the pruner has read the oldest execution",
+        || async {
+            ask(&pruner, PrunerMsg::Stats)
+                .await
+                .is_ok_and(|stats| stats.oldest_kept == oldest)
+        },
+    )
+    .await;
+    let stats = ask(&pruner, PrunerMsg::Stats).await.unwrap();
+    assert_eq!((stats.prunes_done, stats.pruned), (0, 0), "{stats:?}");
     running.service.shutdown("test").await.unwrap();
     store.close().await;
 }

@@ -57,8 +57,10 @@ impl Actor for PrunerActor {
         args: PrunerArgs,
     ) -> Result<PrunerState, ActorProcessingErr> {
         let days = args.config.execution_retention_days;
+        let _ = myself.send_message(PrunerMsg::ReadOldestKept);
         if days == 0 {
             info!("🧹 Execution history is kept forever (EXECUTION_RETENTION_DAYS=0)");
+            myself.send_interval(args.config.prune_interval, || PrunerMsg::ReadOldestKept);
         } else {
             let interval = args.config.prune_interval;
             info!("🧹 Pruning finished executions older than {days} day(s) every {interval:?}");
@@ -86,6 +88,7 @@ impl Actor for PrunerActor {
                 }
             }
             PrunerMsg::NextBatch => state.next_batch(&myself).await,
+            PrunerMsg::ReadOldestKept => state.read_oldest_kept().await,
             PrunerMsg::Stats(reply) => {
                 let _ = reply.send(state.stats.clone());
             }
@@ -150,19 +153,21 @@ impl PrunerState {
         };
         let took_ms = self.args.clock.now_ms() - run.started_at;
         let cutoff = millis_to_utc(run.cutoff).to_rfc3339();
-        if run.pruned > 0 {
-            info!(
-                pruned = run.pruned,
-                "🧹 Pruned {} finished execution(s) requested before {cutoff} (EXECUTION_RETENTION_DAYS={}) in {took_ms} ms",
-                run.pruned,
-                self.args.config.execution_retention_days
-            );
-        } else {
-            debug!("🧹 No finished execution requested before {cutoff} to prune");
-        }
+        // At INFO even when nothing went: once an hour, and the only sign
+        // at the default level that the pruner runs at all.
+        info!(
+            pruned = run.pruned,
+            "🧹 Pruned {} finished execution(s) requested before {cutoff} (EXECUTION_RETENTION_DAYS={}) in {took_ms} ms",
+            run.pruned,
+            self.args.config.execution_retention_days
+        );
         self.stats.prunes_done += 1;
         self.stats.last_cutoff = Some(run.cutoff);
         self.stats.last_error = None;
+        self.read_oldest_kept().await;
+    }
+
+    async fn read_oldest_kept(&mut self) {
         match self.args.store.oldest_execution().await {
             Ok(oldest) => {
                 self.stats.oldest_kept = oldest;

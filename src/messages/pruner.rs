@@ -12,6 +12,10 @@ pub enum PrunerMsg {
     /// Deletes the next batch of the prune under way (sent by the actor to
     /// itself, after a pause that lets the engine's writes through).
     NextBatch,
+    /// Reads the oldest execution kept into its gauge: at start, so the
+    /// gauge is there before the first prune, and every interval when
+    /// nothing is pruned (EXECUTION_RETENTION_DAYS=0).
+    ReadOldestKept,
     Stats(RpcReplyPort<PrunerStats>),
     /// Panics inside the actor, for supervision tests and chaos drills.
     InjectPanic(String),
