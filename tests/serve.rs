@@ -176,6 +176,8 @@ async fn the_demo_quick_start_shows_the_engine_at_work() {
         "📥 Added job",
         "👷 Worker-",
         "✅ Worker-",
+        "✅ Updated execution plan",
+        "💾 Queued execution plan write",
     ] {
         install.wait_for_log("demo.log", line);
     }

@@ -461,7 +461,7 @@ impl PlanState {
             let sent = delta.is_empty() || writer.cast(WriterMsg::Append(delta)).is_ok();
             if sent {
                 self.journal.changes_since_snapshot += changed;
-                debug!(changed, "💾 Queued execution plan write");
+                info!(changed, "💾 Queued execution plan write");
             } else {
                 // The changes were taken but never reached a writer: only
                 // a whole snapshot can make up for them.
@@ -494,7 +494,7 @@ impl PlanState {
         self.journal.changes_since_snapshot = 0;
         self.journal.writer = Some(writer.get_id());
         self.dirty = false;
-        debug!("💾 Queued execution plan write (whole plan)");
+        info!("💾 Queued execution plan write (whole plan)");
         true
     }
 }
