@@ -456,7 +456,12 @@ impl Config {
                 parse_timezone(&zone).map_err(|e| env.error("DEFAULT_TIMEZONE", &e.to_string()))?;
         }
         if let Some(url) = env.get("DATABASE_URL") {
-            validate_database_url(&url).map_err(|reason| env.error("DATABASE_URL", reason))?;
+            validate_database_url(&url).map_err(|reason| ConfigError {
+                variable: "DATABASE_URL",
+                // Not env.error: its value may hold a password.
+                value: crate::actions::secrets::mask_database_url(&url),
+                reason: reason.to_string(),
+            })?;
             c.database_url = url;
         }
         env.path("PLAN_FILE", &mut c.plan_file)?;
@@ -734,6 +739,15 @@ mod tests {
             assert_eq!(err.variable, variable, "{value}");
             assert!(err.to_string().contains(variable), "{err}");
         }
+    }
+
+    #[test]
+    fn a_refused_database_url_is_shown_without_its_password() {
+        let err = config(&[("DATABASE_URL", "mysql://app:s3cret@db/x?password=t0p")]).unwrap_err();
+        assert_eq!(err.variable, "DATABASE_URL");
+        let text = err.to_string();
+        assert!(!text.contains("s3cret") && !text.contains("t0p"), "{text}");
+        assert!(text.contains("mysql://app:***@db/x"), "{text}");
     }
 
     #[test]

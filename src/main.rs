@@ -264,16 +264,7 @@ async fn load_demo(config: &Config) -> anyhow::Result<demo::DemoReport> {
 
 /// Hides a password in a database URL before it reaches a log.
 fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme_end), Some(at)) if at > scheme_end => {
-            let credentials = &url[scheme_end + 3..at];
-            match credentials.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme_end + 3], &url[at..]),
-                None => url.to_string(),
-            }
-        }
-        _ => url.to_string(),
-    }
+    ruled::actions::secrets::mask_database_url(url)
 }
 
 fn init_logging(format: LogFormat) {

@@ -172,6 +172,21 @@ struct UrlSecrets {
     query_values: Vec<(usize, usize)>,
 }
 
+impl UrlSecrets {
+    /// The secret part of the user info: the password, or else a user
+    /// given without one. An API key or token is often put there
+    /// (`https://TOKEN@host`, `https://KEY:@host`), and HTTP sends it as
+    /// Basic credentials all the same.
+    fn credential(&self) -> Option<(usize, usize)> {
+        self.password.or(self.user.filter(|(a, b)| a < b))
+    }
+
+    /// What [`mask_urls`] hides: the credential and the secret query values.
+    fn secret_ranges(self) -> impl Iterator<Item = (usize, usize)> {
+        self.credential().into_iter().chain(self.query_values)
+    }
+}
+
 /// Ends a URL inside free text (a log line, JSON, an error message).
 fn ends_url(c: char) -> bool {
     c.is_whitespace() || matches!(c, '"' | '\'' | '<' | '>' | '`' | '(' | ')' | ',' | '\\')
@@ -226,14 +241,29 @@ fn scan_urls(text: &str) -> Vec<UrlSecrets> {
     found
 }
 
-/// `text` with URL passwords and secret query values replaced by [`MASK`].
+/// `text` with URL credentials (a password, or a user given without one)
+/// and secret query values replaced by [`MASK`].
 pub fn mask_urls(text: &str) -> Cow<'_, str> {
+    mask_url_ranges(text, UrlSecrets::secret_ranges)
+}
+
+/// A database URL as a log or an error may show it: its password, in the
+/// user info or the query (`?password=…`), replaced by [`MASK`]. Its user
+/// is kept: a database user without a password is a name, not a secret.
+pub fn mask_database_url(url: &str) -> String {
+    mask_url_ranges(url, |u| u.password.into_iter().chain(u.query_values)).into_owned()
+}
+
+fn mask_url_ranges<I: Iterator<Item = (usize, usize)>>(
+    text: &str,
+    secret: impl Fn(UrlSecrets) -> I,
+) -> Cow<'_, str> {
     if !text.contains("://") {
         return Cow::Borrowed(text);
     }
     let mut ranges: Vec<(usize, usize)> = scan_urls(text)
         .into_iter()
-        .flat_map(|u| u.password.into_iter().chain(u.query_values))
+        .flat_map(secret)
         .filter(|&(a, b)| &text[a..b] != MASK)
         .collect();
     if ranges.is_empty() {
@@ -273,12 +303,9 @@ pub fn restore_masked(
             _ => Err(field.to_string()),
         },
         Value::String(text) if text.contains(MASK) && text.contains("://") => {
-            let masked_url = scan_urls(text).iter().any(|u| {
-                u.password
-                    .into_iter()
-                    .chain(u.query_values.iter().copied())
-                    .any(|(a, b)| &text[a..b] == MASK)
-            });
+            let masked_url = scan_urls(text)
+                .into_iter()
+                .any(|u| u.secret_ranges().any(|(a, b)| &text[a..b] == MASK));
             if !masked_url {
                 return Ok(());
             }
@@ -406,16 +433,19 @@ fn collect(original: &Value, shown: &Value, out: &mut Vec<String>) {
                 out.push(text.clone());
             }
             for url in scan_urls(text) {
-                for (a, b) in url.password.into_iter().chain(url.query_values) {
-                    out.push(text[a..b].to_string());
-                }
-                if let (Some((ua, ub)), Some((pa, pb))) = (url.user, url.password) {
-                    let pair = format!(
-                        "{}:{}",
-                        percent_decode(&text[ua..ub]),
-                        percent_decode(&text[pa..pb])
-                    );
+                // HTTP Basic's base64 of `user:password` (`user:` alone
+                // when the user is the credential).
+                if let Some((ua, ub)) = url.user
+                    && url.credential().is_some()
+                {
+                    let password = url
+                        .password
+                        .map_or(Cow::Borrowed(""), |(pa, pb)| percent_decode(&text[pa..pb]));
+                    let pair = format!("{}:{password}", percent_decode(&text[ua..ub]));
                     out.push(base64(pair.as_bytes()));
+                }
+                for (a, b) in url.secret_ranges() {
+                    out.push(text[a..b].to_string());
                 }
             }
         }
@@ -606,6 +636,50 @@ mod tests {
         }
         let value = secrets.scrub(&json!({"body": echo}));
         assert!(!value.to_string().contains("hdr-s3cret"));
+    }
+
+    /// A token given as the URL's user (`https://TOKEN@host`,
+    /// `https://KEY:@host`) is the credential: shown masked, restored from
+    /// a `***`, and scrubbed as sent (itself and Basic's `KEY:`).
+    #[test]
+    fn a_user_without_a_password_is_the_credential() {
+        let config = json!({
+            "url": "https://ghp_tok3n@api.example/x",
+            "hook": "https://sk_live_k3y:@pay.example/charge",
+        });
+        let shown = redact_config(&config);
+        assert_eq!(shown["url"], "https://***@api.example/x");
+        assert_eq!(shown["hook"], "https://***:@pay.example/charge");
+        let mut back = shown.clone();
+        restore_masked(Some(&config), &mut back, "config").unwrap();
+        assert_eq!(back, config);
+
+        let secrets = Secrets::of(&config);
+        let echo = format!(
+            "authorization: Basic {} for ghp_tok3n and sk_live_k3y",
+            base64(b"sk_live_k3y:")
+        );
+        let scrubbed = secrets.scrub_text(&echo);
+        for secret in ["ghp_tok3n", "sk_live_k3y", &base64(b"sk_live_k3y:")] {
+            assert!(!scrubbed.contains(secret), "{secret} in {scrubbed}");
+        }
+    }
+
+    /// A database user is a name and stays; its password goes, in the
+    /// user info or in the query.
+    #[test]
+    fn a_database_url_loses_its_password_only() {
+        for (url, shown) in [
+            ("postgres://app:s3cret@db/x", "postgres://app:***@db/x"),
+            ("postgres://app@db/x", "postgres://app@db/x"),
+            (
+                "postgres://app@db/x?password=s3cret&sslmode=disable",
+                "postgres://app@db/x?password=***&sslmode=disable",
+            ),
+            ("sqlite://ruled.db", "sqlite://ruled.db"),
+        ] {
+            assert_eq!(mask_database_url(url), shown);
+        }
     }
 
     #[test]

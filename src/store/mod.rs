@@ -390,21 +390,11 @@ async fn connect_postgres(url: &str, idle_in_transaction: Duration) -> Result<St
     Ok(Store::Postgres(pool))
 }
 
-/// `postgres://user:secret@host/db` → `postgres://user:***@host/db`, so a
-/// connect error can name its target in logs without leaking the password.
+/// `postgres://user:secret@host/db` → `postgres://user:***@host/db` (and a
+/// `?password=` likewise), so a connect error can name its target in logs
+/// without leaking the password.
 fn redact_password(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    let Some((userinfo, host)) = authority.rsplit_once('@') else {
-        return url.to_string();
-    };
-    match userinfo.split_once(':') {
-        Some((user, _password)) => format!("{scheme}://{user}:***@{host}{tail}"),
-        None => url.to_string(),
-    }
+    crate::actions::secrets::mask_database_url(url)
 }
 
 #[cfg(test)]
@@ -419,6 +409,10 @@ mod tests {
         );
         assert_eq!(redact_password("postgres://u@db/x"), "postgres://u@db/x");
         assert_eq!(redact_password("postgres://db/x"), "postgres://db/x");
+        assert_eq!(
+            redact_password("postgres://u@db/x?password=s3cret&sslmode=disable"),
+            "postgres://u@db/x?password=***&sslmode=disable"
+        );
     }
 
     #[tokio::test]
