@@ -85,6 +85,21 @@ impl DueDecision {
     }
 }
 
+/// How many occurrences from `first` on are due at `now`, counting up to
+/// `limit` at most.
+fn due_from(cadence: &Cadence<'_>, first: Option<Millis>, now: Millis, limit: usize) -> usize {
+    let mut count = 0;
+    let mut upcoming = first;
+    while let Some(at) = upcoming {
+        if count == limit || cadence.start_of(at) > now {
+            break;
+        }
+        count += 1;
+        upcoming = cadence.next_after(at);
+    }
+    count
+}
+
 /// Sorts the due occurrences of a ready rule, from `next_run_time` up to
 /// `now`, by its misfire policy and catch-up window. A pending retry
 /// (`retry_of`) is not a cron occurrence: it runs as it stands.
@@ -132,9 +147,20 @@ pub fn decide_due(
     let more_due = upcoming.is_some_and(|at| cadence.start_of(at) <= now);
     let candidates: Vec<Millis> = due.iter().copied().filter(|at| !expired(*at)).collect();
     let run = if more_due {
-        // Past the per-decision bound: these are all older than what is
-        // still due, so none of them is the one to run.
-        None
+        match policy.misfire {
+            // The latest `catchup_max` run: those of this step among them
+            // (fewer than that are due after it) stay, and the first of
+            // them runs. Counting on stops at `catchup_max` (at most 1,000).
+            Misfire::RunAll => {
+                let catchup_max = policy.catchup_max as usize;
+                let later = due_from(cadence, upcoming, now, catchup_max);
+                let keep = catchup_max.saturating_sub(later).min(candidates.len());
+                candidates.get(candidates.len() - keep).copied()
+            }
+            // Past the per-decision bound: these are all older than what
+            // is still due, so none of them is the one to run.
+            Misfire::RunOnce | Misfire::Skip => None,
+        }
     } else {
         match policy.misfire {
             Misfire::RunOnce => candidates.last().copied(),
@@ -597,6 +623,43 @@ mod tests {
             next = decision.next_run_time.unwrap();
         }
         assert_eq!(steps, 44);
+    }
+
+    /// More missed than one step sorts: run_all still runs the latest
+    /// `catchup_max`, even when some of them are in the first step.
+    #[test]
+    fn run_all_runs_the_latest_catchup_max_across_bounded_steps() {
+        let schedule = CronSchedule::parse("* * * * *").unwrap();
+        for (catchup_max, missed) in [(10, 1_005), (10, 1_010), (10, 2_500), (1_000, 1_500)] {
+            let policy = EffectivePolicy {
+                misfire: Misfire::RunAll,
+                catchup_max,
+                ..EffectivePolicy::default()
+            };
+            let first = at(1, 0);
+            let now = first + (missed as Millis - 1) * 60_000;
+            let mut next = first;
+            let mut skipped = 0;
+            let mut ran = Vec::new();
+            while next <= now {
+                let decision = decide_due(&cadence(&schedule, &policy, None), next, None, now);
+                assert!(decision.skipped.len() <= MAX_OCCURRENCES_PER_DECISION);
+                skipped += decision.skipped.len();
+                match decision.run {
+                    // It runs; the next decision starts after it.
+                    Some(run) => {
+                        ran.push(run);
+                        next = run + 60_000;
+                    }
+                    None => next = decision.next_run_time.unwrap(),
+                }
+            }
+            let latest: Vec<Millis> = (missed - catchup_max as usize..missed)
+                .map(|n| first + n as Millis * 60_000)
+                .collect();
+            assert_eq!(ran, latest, "catchup_max {catchup_max}, {missed} missed");
+            assert_eq!(skipped, missed - catchup_max as usize);
+        }
     }
 
     #[test]
