@@ -6,7 +6,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -54,6 +54,9 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), PersistError> {
             .truncate(true)
             .mode(0o600)
             .open(&temp)?;
+        // The mode above applies only to a file the open creates: a temp
+        // file left by a crash keeps whatever mode it had.
+        file.set_permissions(fs::Permissions::from_mode(0o600))?;
         file.write_all(bytes)?;
         file.sync_all()?;
         drop(file);
@@ -111,6 +114,10 @@ pub fn append_plan_delta(path: &Path, delta: &PlanDelta) -> Result<usize, Persis
         .create(true)
         .mode(0o600)
         .open(&journal)
+        .map_err(fail)?;
+    // As for the plan file: a journal made by hand or an older version may
+    // be readable by others, and it holds action configs.
+    file.set_permissions(fs::Permissions::from_mode(0o600))
         .map_err(fail)?;
     let whole = end_of_last_whole_line(&file).map_err(fail)?;
     if whole < file.metadata().map_err(fail)?.len() {
@@ -261,6 +268,22 @@ mod tests {
             .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
             .collect();
         assert!(leftovers.is_empty());
+
+        // A temp file a crash left, and a journal, both readable by others:
+        // the next writes leave the plan file and the journal 0600.
+        let loose = fs::Permissions::from_mode(0o644);
+        let temp = path.with_file_name(".plan.json.tmp");
+        fs::write(&temp, b"stale").unwrap();
+        fs::set_permissions(&temp, loose.clone()).unwrap();
+        let journal = journal_path(&path);
+        fs::write(&journal, b"").unwrap();
+        fs::set_permissions(&journal, loose).unwrap();
+        write_atomic(&path, b"three").unwrap();
+        append_plan_delta(&path, &PlanDelta::default()).unwrap();
+        for file in [&path, &journal] {
+            let mode = fs::metadata(file).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600, "{}", file.display());
+        }
     }
 
     #[test]

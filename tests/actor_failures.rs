@@ -28,7 +28,8 @@ use uuid::Uuid;
 const DEADLINE: Duration = Duration::from_secs(60);
 const PANIC_TEXT: &str = "flaky action blew up";
 
-/// Panics when its params say `"panic": true`, succeeds otherwise.
+/// Panics when its params say `"panic": true`, succeeds otherwise. The
+/// panic quotes its `api_token`, as a careless handler might.
 struct FlakyAction;
 
 impl ActionHandler for FlakyAction {
@@ -39,7 +40,10 @@ impl ActionHandler for FlakyAction {
     fn run<'a>(&'a self, call: &'a ActionCall) -> ActionFuture<'a> {
         Box::pin(async move {
             if call.config["panic"] == json!(true) {
-                panic!("{PANIC_TEXT} in execution {}", call.execution_id);
+                panic!(
+                    "{PANIC_TEXT} in execution {} (token {})",
+                    call.execution_id, call.config["api_token"]
+                );
             }
             Ok(ActionOutput(json!({"ok": true})))
         })
@@ -250,7 +254,10 @@ async fn actions_panicking_in_30_percent_of_300_jobs_fail_only_those_jobs() {
     let mut healthy = Vec::new();
     for i in 0..300 {
         let panics = i % 10 < 3;
-        let flaky = step("flaky", json!({"panic": panics}));
+        let flaky = step(
+            "flaky",
+            json!({"panic": panics, "api_token": format!("tok-s3cret-{i}")}),
+        );
         let id = insert_rule(service.store(), YEARLY, due, &[flaky]).await;
         if panics {
             panicking.push(id);
@@ -270,6 +277,10 @@ async fn actions_panicking_in_30_percent_of_300_jobs_fail_only_those_jobs() {
         assert!(
             error.contains(PANIC_TEXT),
             "the panic text is recorded: {error}"
+        );
+        assert!(
+            !error.contains("tok-s3cret"),
+            "the panic's message is scrubbed of the action's secrets: {error}"
         );
     }
     for &id in &healthy {

@@ -40,6 +40,8 @@ const DETAIL_HEADER: &str = "DETAILHDR-s3cret-v4lue";
 const NOOP_PASSWORD: &str = "NOOPPW-s3cret-v4lue";
 const NOOP_TOKEN: &str = "NOOPTOKEN-s3cret-v4lue";
 const SETTINGS_PASSWORD: &str = "SETTINGSPG-s3cret-v4lue";
+/// A detail's param that only its template's `secret_keys` names.
+const ORDER_REF: &str = "ORDERREF-s3cret-v4lue";
 
 /// Every value that must never be shown; the bearer token's secret part
 /// included, since a leak of it alone is a leak.
@@ -58,6 +60,7 @@ const SECRETS: &[&str] = &[
     NOOP_PASSWORD,
     NOOP_TOKEN,
     SETTINGS_PASSWORD,
+    ORDER_REF,
 ];
 
 fn assert_clean(what: &str, text: &str) {
@@ -233,6 +236,7 @@ async fn secrets_stay_hidden(log_format: &str) {
             "/api/v1/action-templates",
             &json!({"name": "n", "kind": "noop", "config": {
                 "url": format!("https://user:{NOOP_PASSWORD}@host/x?access_token={NOOP_TOKEN}"),
+                "secret_keys": ["order_ref"],
             }}),
         )
         .await,
@@ -249,7 +253,8 @@ async fn secrets_stay_hidden(log_format: &str) {
                 "action_details": [
                     {"action_template_id": http_template["id"],
                      "params": {"headers": {"X-Detail": DETAIL_HEADER}}},
-                    {"action_template_id": noop_template["id"]},
+                    {"action_template_id": noop_template["id"],
+                     "params": {"order_ref": ORDER_REF}},
                 ],
             }),
         )

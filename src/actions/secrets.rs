@@ -87,6 +87,18 @@ pub fn redact_config(config: &Value) -> Value {
     walk(config, &Rules::schema(), false)
 }
 
+/// An action detail's params as shown: [`redact_config`], with the keys
+/// its template's config lists in `secret_keys` masked too, since a run
+/// merges both lists (a detail's list adds to its template's).
+pub fn redact_params(params: &Value, template_config: Option<&Value>) -> Value {
+    let schema = Rules::schema();
+    let rules = match template_config {
+        Some(Value::Object(config)) => schema.with_listed(config),
+        _ => Cow::Borrowed(&schema),
+    };
+    walk(params, &rules, false)
+}
+
 /// Like [`redact_config`] without the `headers`/`env`/`body` schema, for
 /// JSON that is not an action config (settings, outputs): credential-named
 /// keys and URL secrets only.
@@ -680,6 +692,18 @@ mod tests {
         ] {
             assert_eq!(mask_database_url(url), shown);
         }
+    }
+
+    #[test]
+    fn a_templates_secret_keys_mask_its_details_params() {
+        let template = json!({"url": "https://x/y", "secret_keys": ["order_ref"]});
+        let params =
+            json!({"order_ref": "S3CR3T", "page": 2, "secret_keys": ["Tenant"], "tenant": "t"});
+        assert_eq!(
+            redact_params(&params, Some(&template)),
+            json!({"order_ref": MASK, "page": 2, "secret_keys": ["Tenant"], "tenant": MASK})
+        );
+        assert_eq!(redact_params(&params, None)["order_ref"], "S3CR3T");
     }
 
     #[test]

@@ -11,6 +11,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+use crate::actions::secrets::Secrets;
 use crate::actions::{ActionCall, ActionError, ActionRegistry};
 use crate::actors::{Recorded, finish_recorded, record_finish};
 use crate::clock::Clock;
@@ -281,6 +282,8 @@ impl WorkerState {
         let timeout = args.config.schedule_execution_timeout;
         let execution_id = job.execution_id();
         let worker = myself.clone();
+        let steps = Arc::new(steps);
+        let panicked_steps = steps.clone();
         tokio::spawn(async move {
             // The actions run in a task of their own so that a panicking
             // action is seen here as a failed job, with its message, instead
@@ -289,7 +292,10 @@ impl WorkerState {
                 run_steps(&registry, execution_id, &steps, timeout, cancel_rx).await
             })
             .await
-            .unwrap_or_else(|e| failed(format!("action panicked: {}", panic_message(e))));
+            .unwrap_or_else(|e| {
+                let message = format!("action panicked: {}", panic_message(e));
+                failed(without_secrets(&panicked_steps, execution_id, message))
+            });
             let _ = worker.cast(WorkerMsg::ActionsDone(Box::new(outcome)));
         });
         let renew_every = args.config.schedule_lock_timeout / 3;
@@ -640,6 +646,21 @@ fn panic_message(error: tokio::task::JoinError) -> String {
         .map(|text| text.to_string())
         .or_else(|| payload.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "a panic without a message".to_string())
+}
+
+/// `text` without the secrets of any of `steps`' calls. The registry
+/// scrubs what an action returns, but a panic unwinds past it, and a
+/// handler's panic message may quote its config.
+fn without_secrets(steps: &[JobStep], execution_id: Uuid, text: String) -> String {
+    steps
+        .iter()
+        .filter_map(|step| {
+            let template = step.template.as_ref()?;
+            Some(ActionCall::new(execution_id, template, &step.detail))
+        })
+        .fold(text, |text, call| {
+            Secrets::of(&call.config).scrub_text(&text)
+        })
 }
 
 pub async fn run_steps(

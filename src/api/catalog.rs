@@ -6,6 +6,8 @@
 //! ([`super::schema`]); answers are typed views ([`super::views`]). Both
 //! are the OpenAPI document's schemas.
 
+use std::collections::HashMap;
+
 use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
@@ -32,6 +34,7 @@ use super::views::{
     ActionDetail, ActionTemplate, Archived, Branch, BranchRule, Brand, CancelledRun, Rule,
     RuleStatus, RunCancel, from_row, stored_policy,
 };
+use crate::actions::secrets;
 use crate::actors::ask;
 use crate::messages::master::CancelOutcome;
 use crate::messages::{MasterMsg, RefresherMsg};
@@ -1434,9 +1437,34 @@ pub async fn present_branch_rule(
         }
     }
     let mut details: Vec<ActionDetail> = views(details)?;
+    masked_by_templates(state, &mut details).await?;
     details.sort_by_key(|d| d.position);
     shown.action_details = details;
     Ok(shown)
+}
+
+/// Details as the API shows them: their params masked by the `secret_keys`
+/// of their template too, which a run merges with their own.
+async fn masked_by_templates(state: &ApiState, details: &mut [ActionDetail]) -> ApiResult<()> {
+    let mut configs: HashMap<String, Option<Value>> = HashMap::new();
+    for detail in details {
+        let id = &detail.action_template_id;
+        if !configs.contains_key(id) {
+            let config = match Uuid::parse_str(id) {
+                Ok(uuid) => state
+                    .store()
+                    .row(&ACTION_TEMPLATES, uuid)
+                    .await?
+                    .and_then(|mut row| row.remove("config")),
+                Err(_) => None,
+            };
+            configs.insert(id.clone(), config);
+        }
+        if let Some(config) = &configs[id] {
+            detail.params = secrets::redact_params(&detail.params, Some(config));
+        }
+    }
+    Ok(())
 }
 
 #[utoipa::path(post, path = "/branch-rules", tag = "branch rules",
@@ -1733,7 +1761,9 @@ pub async fn create_detail(
     }
     map.insert("branch_rule_id".into(), rule["id"].clone());
     map.entry("params").or_insert(json!({}));
-    insert_one(&s, &ACTION_DETAILS, map, &caller).await
+    let (status, Json(mut detail)) = insert_one(&s, &ACTION_DETAILS, map, &caller).await?;
+    masked_by_templates(&s, std::slice::from_mut(&mut detail)).await?;
+    Ok((status, Json(detail)))
 }
 
 /// A branch rule's action details in the order they run (position, then
@@ -1763,7 +1793,9 @@ pub async fn list_details(
         "/branch-rules/{}/action-details",
         rule["id"].as_str().unwrap_or(&id)
     );
-    Ok(paged(&path, query.limit, views(rows)?, next))
+    let mut details: Vec<ActionDetail> = views(rows)?;
+    masked_by_templates(&s, &mut details).await?;
+    Ok(paged(&path, query.limit, details, next))
 }
 
 #[utoipa::path(get, path = "/branch-rules/{id}/action-details/{detail_id}", tag = "branch rules",
@@ -1774,7 +1806,9 @@ pub async fn get_detail(
     State(s): State<ApiState>,
     Path((id, detail_id)): Path<(String, String)>,
 ) -> ApiResult<Json<ActionDetail>> {
-    Ok(Json(from_row(nested_detail(&s, &id, &detail_id).await?)?))
+    let mut detail: ActionDetail = from_row(nested_detail(&s, &id, &detail_id).await?)?;
+    masked_by_templates(&s, std::slice::from_mut(&mut detail)).await?;
+    Ok(Json(detail))
 }
 
 #[utoipa::path(put, path = "/branch-rules/{id}/action-details/{detail_id}", tag = "branch rules",
@@ -1814,7 +1848,9 @@ pub async fn update_detail(
         &caller,
     )
     .await?;
-    Ok(Json(from_row(row)?))
+    let mut detail: ActionDetail = from_row(row)?;
+    masked_by_templates(&s, std::slice::from_mut(&mut detail)).await?;
+    Ok(Json(detail))
 }
 
 #[utoipa::path(delete, path = "/branch-rules/{id}/action-details/{detail_id}", tag = "branch rules",

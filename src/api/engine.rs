@@ -1,6 +1,8 @@
 //! Routes that act through the engine's actors: run now, force stop,
 //! cancel, the plan and the statistics.
 
+use std::collections::HashMap;
+
 use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -21,6 +23,7 @@ use super::views::{
     MemoryView, PlanReady, PlanView, Preview, PreviewRun, RecentError, RunAccepted, RunCancel,
     Stats,
 };
+use crate::actions::secrets;
 use crate::actors::ask;
 use crate::messages::master::CancelOutcome;
 use crate::messages::memory_guard::MemoryStatus;
@@ -495,6 +498,7 @@ pub async fn plan(State(s): State<ApiState>) -> ApiResult<Json<PlanView>> {
     // Action params live in the snapshot too.
     value = super::present::redact(&value);
     let mut view: PlanView = super::views::from_value(value)?;
+    mask_details_by_templates(&mut view);
     // The free-form parts (the catalog copies) show times like the rest.
     for list in [
         &mut view.outbox,
@@ -511,6 +515,25 @@ pub async fn plan(State(s): State<ApiState>) -> ApiResult<Json<PlanView>> {
         times_as_rfc3339(&mut workflow.branch_rule);
     }
     Ok(Json(view))
+}
+
+/// The snapshot's action details with their params masked by their
+/// template's `secret_keys` too, as the catalog's endpoints show them.
+fn mask_details_by_templates(view: &mut PlanView) {
+    let configs: HashMap<&str, &Value> = view
+        .action_templates
+        .iter()
+        .filter_map(|template| Some((template.get("id")?.as_str()?, template.get("config")?)))
+        .collect();
+    for detail in &mut view.action_details {
+        let template = detail
+            .get("action_template_id")
+            .and_then(Value::as_str)
+            .and_then(|id| configs.get(id).copied());
+        if let (Some(config), Some(params)) = (template, detail.get_mut("params")) {
+            *params = secrets::redact_params(params, Some(config));
+        }
+    }
 }
 
 /// Epoch-millisecond times in the plan snapshot, at any depth, as RFC 3339
