@@ -11,9 +11,10 @@ use common::service::{
 };
 use common::{eventually, sqlite_db};
 use ruled::actors::ask;
+use ruled::cluster::Ownership;
 use ruled::config::Config;
 use ruled::memory::{FedSampler, MemoryReading};
-use ruled::messages::{MemoryGuardMsg, PlanMsg, RefresherMsg, WriterMsg};
+use ruled::messages::{LeaseMsg, MemoryGuardMsg, PlanMsg, RefresherMsg, WriterMsg};
 use ruled::model::ExecutionStatus;
 use ruled::service::{Service, ServiceOptions, StopCause};
 use ruled::supervision::ActorKind;
@@ -208,4 +209,38 @@ async fn an_actor_failing_past_the_limit_escalates() {
     }
     panicker.await.unwrap();
     service.abort().await;
+}
+
+/// A graceful stop gives the partitions back, and a lease tick that comes
+/// after that (queued, or its timer firing before the actor stops) must
+/// not take them again: the stopped instance would hold them for a TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tick_after_the_release_takes_no_partition_back() {
+    let Some(db) = common::postgres_db().await else {
+        return;
+    };
+    let running = start_service(&db.url).await;
+    let service = running.service;
+    let lease = service.directory().lease().unwrap();
+    let holds_some = || async {
+        ask(&lease, LeaseMsg::Status).await.is_ok_and(|status| {
+            matches!(status.ownership, Ownership::Partitions { ref held, .. } if !held.is_empty())
+        })
+    };
+    eventually(DEADLINE, "the instance holds partitions", holds_some).await;
+
+    ask(&lease, LeaseMsg::ReleaseAll).await.unwrap();
+    lease.cast(LeaseMsg::Tick).unwrap();
+    assert!(!holds_some().await, "a tick took partitions back");
+    let store = db.store().await;
+    let view = store.partition_leases().await.unwrap();
+    let me = service.config().instance_id.as_str();
+    let held: Vec<_> = view
+        .leases
+        .iter()
+        .filter(|lease| lease.live_holder(view.db_now) == Some(me))
+        .collect();
+    assert!(held.is_empty(), "leases held after the release: {held:?}");
+    service.shutdown("test").await.unwrap();
+    store.close().await;
 }

@@ -67,6 +67,10 @@ pub struct LeaseState {
     takeover: Option<JoinHandle<()>>,
     /// Cancel requests already handed to the master.
     forwarded: HashSet<Uuid>,
+    /// Set by a graceful stop's [`LeaseMsg::ReleaseAll`]: the ticks still
+    /// queued or timed must not take the partitions back before the actor
+    /// stops (a tick that did left its leases held for a TTL after exit).
+    released: bool,
 }
 
 impl Actor for LeaseActor {
@@ -91,6 +95,7 @@ impl Actor for LeaseActor {
             takeovers: Arc::new(AtomicU64::new(0)),
             takeover: None,
             forwarded: HashSet::new(),
+            released: false,
         })
     }
 
@@ -101,6 +106,7 @@ impl Actor for LeaseActor {
         state: &mut LeaseState,
     ) -> Result<(), ActorProcessingErr> {
         match message {
+            LeaseMsg::Tick if state.released => {}
             LeaseMsg::Tick => {
                 state.tick().await;
                 let every = state.args.config.partition_lease_retry;
@@ -413,6 +419,7 @@ impl LeaseState {
 
     /// Graceful stop: the peers take the partitions at their next retry.
     async fn release_all(&mut self) {
+        self.released = true;
         if self.args.store.backend() != Backend::Postgres {
             return;
         }
