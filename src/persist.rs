@@ -115,12 +115,15 @@ pub fn append_plan_delta(path: &Path, delta: &PlanDelta) -> Result<usize, Persis
         .mode(0o600)
         .open(&journal)
         .map_err(fail)?;
+    let meta = file.metadata().map_err(fail)?;
     // As for the plan file: a journal made by hand or an older version may
     // be readable by others, and it holds action configs.
-    file.set_permissions(fs::Permissions::from_mode(0o600))
-        .map_err(fail)?;
-    let whole = end_of_last_whole_line(&file).map_err(fail)?;
-    if whole < file.metadata().map_err(fail)?.len() {
+    if meta.permissions().mode() & 0o077 != 0 {
+        file.set_permissions(fs::Permissions::from_mode(0o600))
+            .map_err(fail)?;
+    }
+    let whole = end_of_last_whole_line(&file, meta.len()).map_err(fail)?;
+    if whole < meta.len() {
         file.set_len(whole).map_err(fail)?;
     }
     let appended = file.write_all(&line).and_then(|()| file.sync_data());
@@ -140,11 +143,10 @@ pub fn append_plan_delta(path: &Path, delta: &PlanDelta) -> Result<usize, Persis
     Ok(line.len())
 }
 
-/// Where the journal's last complete line ends: its length, unless an
-/// append that failed left part of a line behind.
-fn end_of_last_whole_line(file: &File) -> io::Result<u64> {
+/// Where the journal (`len` bytes) ends its last complete line: at `len`,
+/// unless an append that failed left part of a line behind.
+fn end_of_last_whole_line(file: &File, len: u64) -> io::Result<u64> {
     use std::os::unix::fs::FileExt;
-    let len = file.metadata()?.len();
     if len == 0 {
         return Ok(0);
     }

@@ -202,22 +202,18 @@ impl Store {
     /// that is not there is an error, not a new empty database.
     pub async fn connect_existing(url: &str) -> Result<Store, StoreError> {
         if url.starts_with("sqlite:") && !is_sqlite_memory(url) {
-            let options =
-                SqliteConnectOptions::from_str(url).map_err(|error| StoreError::Connect {
-                    backend: Backend::Sqlite,
-                    target: url.to_string(),
-                    error,
-                })?;
+            let connect_error = |error| StoreError::Connect {
+                backend: Backend::Sqlite,
+                target: url.to_string(),
+                error,
+            };
+            let options = SqliteConnectOptions::from_str(url).map_err(connect_error)?;
             let file = options.get_filename();
             if !file.exists() {
-                return Err(StoreError::Connect {
-                    backend: Backend::Sqlite,
-                    target: url.to_string(),
-                    error: sqlx::Error::Io(std::io::Error::new(
-                        std::io::ErrorKind::NotFound,
-                        format!("no database file at {}", file.display()),
-                    )),
-                });
+                return Err(connect_error(sqlx::Error::Io(std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    format!("no database file at {}", file.display()),
+                ))));
             }
         }
         Store::connect(url).await
