@@ -187,7 +187,7 @@ pub struct Name(pub String);
 
 impl Name {
     pub fn check(text: &str) -> Result<(), String> {
-        if text.trim().is_empty() {
+        if text.chars().all(is_pattern_space) {
             return Err("must not be empty".into());
         }
         if text.chars().count() > NAME_MAX_CHARS {
@@ -195,6 +195,23 @@ impl Name {
         }
         Ok(())
     }
+}
+
+/// White space as the schema's pattern (`\s`, JSON Schema's ECMA-262
+/// regex) reads it, so the check refuses exactly what the schema does.
+/// Rust's `char::is_whitespace` differs: it counts U+0085 and not U+FEFF.
+fn is_pattern_space(c: char) -> bool {
+    matches!(
+        c,
+        '\t' | '\n' | '\u{b}' | '\u{c}' | '\r' | ' ' | '\u{a0}' | '\u{1680}' | '\u{2000}'
+            ..='\u{200a}'
+                | '\u{2028}'
+                | '\u{2029}'
+                | '\u{202f}'
+                | '\u{205f}'
+                | '\u{3000}'
+                | '\u{feff}'
+    )
 }
 
 impl<'de> Deserialize<'de> for Name {
@@ -484,6 +501,18 @@ impl ErrorCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Blank as the schema's pattern reads it: Schemathesis sent a name of
+    /// U+0085 alone, which the pattern allows and `str::trim` removed.
+    #[test]
+    fn a_name_is_blank_exactly_when_the_pattern_says_so() {
+        for blank in ["", " ", "\t\n", "\u{3000}", "\u{feff}", "\u{2028} "] {
+            assert!(Name::check(blank).is_err(), "{blank:?}");
+        }
+        for name in ["\u{85}", "a", " x ", "\u{200b}"] {
+            assert_eq!(Name::check(name), Ok(()), "{name:?}");
+        }
+    }
 
     fn read<T: for<'de> Deserialize<'de>>(json: &str) -> Result<T, String> {
         serde_json::from_str(json).map_err(|e| e.to_string())
