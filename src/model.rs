@@ -169,6 +169,11 @@ pub struct PlanData {
     pub branch_rules: Vec<BranchRule>,
     /// Ordered by (branch_rule_id, position) and capped at PLAN_ACTION_DETAILS_CAP.
     pub action_details: Vec<ActionDetail>,
+    /// When the cap cut the read of action details: the branch rule whose
+    /// details it stopped in. That rule's details and every later rule's
+    /// are not all in `action_details`.
+    #[serde(default)]
+    pub action_details_cut: Option<Uuid>,
 }
 
 /// The life of one occurrence (DESIGN.md §4). Stored lower-case.

@@ -304,3 +304,57 @@ async fn actions_panicking_in_30_percent_of_300_jobs_fail_only_those_jobs() {
     );
     running.service.shutdown("test").await.unwrap();
 }
+
+/// Set in the child process of the test below, which runs the jobs.
+const PANIC_REPORT_CHILD: &str = "RULED_TEST_PANIC_REPORT_CHILD";
+const PANIC_REPORT_TEST: &str = "a_panicking_actions_report_on_stderr_is_scrubbed_of_its_secrets";
+
+/// The report Rust prints on stderr when an action panics quotes the panic
+/// message, as the recorded error does; it must be as scrubbed. The jobs
+/// run in a child process (this test, filtered to itself) so that its real
+/// stderr, where the panic hook writes, can be read whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_actions_report_on_stderr_is_scrubbed_of_its_secrets() {
+    if std::env::var_os(PANIC_REPORT_CHILD).is_some() {
+        let db = sqlite_db().await;
+        let running = start(&db.url, 2).await;
+        let service = &running.service;
+        let mut ids = Vec::new();
+        for i in 0..3 {
+            let flaky = step(
+                "flaky",
+                json!({"panic": true, "api_token": format!("tok-s3cret-{i}")}),
+            );
+            ids.push(insert_rule(service.store(), YEARLY, now_ms(), &[flaky]).await);
+        }
+        wait_until_all_finished(service, &ids).await;
+        running.service.shutdown("test").await.unwrap();
+        return;
+    }
+    let child = tokio::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            PANIC_REPORT_TEST,
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(PANIC_REPORT_CHILD, "1")
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(2 * DEADLINE, child)
+        .await
+        .expect("the child test finishes")
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "the child test failed: {stderr}");
+    assert_eq!(
+        stderr.matches(PANIC_TEXT).count(),
+        3,
+        "one report per panicking job: {stderr}"
+    );
+    assert!(stderr.contains("panicked at"), "{stderr}");
+    assert!(
+        !stderr.contains("tok-s3cret"),
+        "the report is scrubbed of the job's secrets: {stderr}"
+    );
+}

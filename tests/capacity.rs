@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::api::Api;
+use common::api::{Api, metric_sample};
 use common::process::{DEADLINE, Install, signal, wait_exit};
 use common::rules::{YEARLY, insert_many_rules, step};
 use ruled::store::Store;
@@ -21,16 +21,8 @@ const SETTINGS: &[(&str, &str)] = &[
     ("BACKLOG_WINDOW_SECONDS", "1"),
 ];
 
-/// A sample's value in a Prometheus text exposition.
-fn sample(metrics: &str, name: &str) -> Option<f64> {
-    metrics.lines().find_map(|line| {
-        let value = line.strip_prefix(name)?.strip_prefix(' ')?;
-        value.trim().parse().ok()
-    })
-}
-
 async fn metric(api: &Api, name: &str) -> Option<f64> {
-    sample(&api.get("/metrics").await.text, name)
+    metric_sample(&api.get("/metrics").await.text, name, &[])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -396,6 +396,73 @@ both_backends!(
     }
 );
 
+both_backends!(
+    a_broken_action_detail_costs_only_its_own_rule_and_runs_it_at_most_once,
+    tokio::test(flavor = "multi_thread", worker_threads = 2),
+    |db: TestDb| async move {
+        // Three rules of two steps each, by id: the cap of three caches the
+        // first rule whole and cuts in the second. Broken with SQL: a
+        // detail of the first (cached: its rule is held) and one of the
+        // third (past the cut: the plan cannot see it).
+        let store = db.store().await;
+        let two_steps = [step("noop", json!({})), step("sleep", json!({"ms": 1}))];
+        let mut ids = Vec::new();
+        for _ in 0..3 {
+            ids.push(insert_rule(&store, YEARLY, now_ms(), &two_steps).await);
+        }
+        ids.sort();
+        let [held, whole, broken] = [ids[0], ids[1], ids[2]];
+        for (rule, position) in [(held, 0), (broken, 1)] {
+            store
+                .execute_sql(&format!(
+                    "UPDATE action_details SET params = '{{not json' \
+                     WHERE branch_rule_id = '{rule}' AND position = {position}"
+                ))
+                .await
+                .unwrap();
+        }
+        let running = start(&db, |c| Config {
+            plan_action_details_cap: 3,
+            ..c
+        })
+        .await;
+        let service = &running.service;
+
+        // The rejected detail still took its place under the cap: the rule
+        // past the cut runs both its steps, read from the database, rather
+        // than none from a cache that only looked complete.
+        let done = wait_for_status(service, whole, ExecutionStatus::Completed).await;
+        let steps = done.output.unwrap()["steps"].as_array().unwrap().len();
+        assert_eq!(steps, 2, "both steps of the rule past the cut ran");
+
+        // The rule whose broken detail the plan cannot see fails once, and
+        // its next run moves on: it does not come back every few seconds.
+        let failed = wait_for_status(service, broken, ExecutionStatus::Failed).await;
+        let error = failed.error.unwrap_or_default();
+        assert!(error.contains("cannot read the action details"), "{error}");
+        assert!(error.contains("action_details.params"), "{error}");
+        eventually(DEADLINE, "the broken rule's next run moved on", || async {
+            let rules = store.load_plan(3, None).await.unwrap().data.branch_rules;
+            rules
+                .iter()
+                .find(|rule| rule.id == broken)
+                .is_some_and(|rule| {
+                    rule.next_run_time
+                        .is_some_and(|next| next > now_ms() + 86_400_000)
+                        && rule.lock_holder.is_none()
+                })
+        })
+        .await;
+        assert_eq!(executions(service, broken).await.len(), 1);
+        assert!(
+            executions(service, held).await.is_empty(),
+            "the cached rule with a broken detail is held"
+        );
+        running.service.shutdown("test").await.unwrap();
+        store.close().await;
+    }
+);
+
 /// A tiny HTTP/1.1 server on loopback: `/ok` answers 200, anything else
 /// 500. Returns its base URL; it serves until the test ends.
 async fn http_server() -> String {

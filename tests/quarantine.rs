@@ -9,6 +9,7 @@ mod common;
 use std::process::{Child, Stdio};
 use std::time::Duration;
 
+use common::api::metric_sample;
 use common::process::{Install, signal, stdout, wait_exit};
 use common::rules::{YEARLY, insert_rule, step};
 use common::{TestDb, eventually};
@@ -75,21 +76,6 @@ async fn get(client: &reqwest::Client, url: &str) -> (u16, String) {
     let response = client.get(url).send().await.unwrap();
     let status = response.status().as_u16();
     (status, response.text().await.unwrap())
-}
-
-/// The value of one series of a Prometheus text exposition.
-fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    text.lines()
-        .filter(|line| {
-            line.starts_with(&format!("{name}{{")) || line.starts_with(&format!("{name} "))
-        })
-        .find(|line| {
-            labels
-                .iter()
-                .all(|(k, v)| line.contains(&format!("{k}=\"{v}\"")))
-        })
-        .and_then(|line| line.rsplit(' ').next())
-        .and_then(|value| value.parse().ok())
 }
 
 /// Log lines that quarantine the row `id`: one, whatever the refreshes.
@@ -297,7 +283,7 @@ both_backends!(
 
         // Counted once each, and warned once each, however many refreshes.
         let refreshes_now = |text: &str| {
-            sample(text, "ruled_plan_refresh_total", &[("result", "ok")]).unwrap_or(0.0)
+            metric_sample(text, "ruled_plan_refresh_total", &[("result", "ok")]).unwrap_or(0.0)
         };
         let (_, metrics) = get(&client, &format!("{base}/metrics")).await;
         let later = refreshes_now(&metrics) + 10.0;
@@ -308,7 +294,7 @@ both_backends!(
         .await;
         let (_, metrics) = get(&client, &format!("{base}/metrics")).await;
         let rejected = |table: &str, reason: &str| {
-            sample(
+            metric_sample(
                 &metrics,
                 "ruled_plan_rows_rejected_total",
                 &[("table", table), ("reason", reason)],

@@ -1,13 +1,15 @@
 //! Execution history retention on real SQLite and PostgreSQL: finished
 //! executions older than EXECUTION_RETENTION_DAYS go in small batches,
 //! open ones and recent ones stay; `ruled prune --dry-run` says what would
-//! go and deletes nothing; the running service's pruner does it on its own.
+//! go and deletes nothing; the running service's pruner does it on its own,
+//! and its /metrics show it.
 
 mod common;
 
 use std::time::Duration;
 
-use common::process::{Install, stdout};
+use common::api::{Api, metric_sample};
+use common::process::{Install, signal, stderr, stdout, wait_exit};
 use common::rules::{YEARLY, insert_many_rules, step};
 use common::service::start_service_with;
 use common::{TestDb, eventually, execution_count};
@@ -173,64 +175,118 @@ async fn postgres_pruners_side_by_side_delete_each_row_once() {
     store.close().await;
 }
 
-#[test]
-fn ruled_prune_dry_run_says_what_would_go_then_prune_deletes_it() {
-    let install = Install::new();
-    // A dry run writes nothing, not even a new database where none is.
-    let nowhere = install.run(&["prune", "--dry-run"]);
-    assert!(!nowhere.status.success(), "{nowhere:?}");
-    assert!(
-        String::from_utf8_lossy(&nowhere.stderr).contains("no database file at"),
-        "{nowhere:?}"
-    );
-    assert!(!install.path("ruled.db").exists());
-    let migrate = install.run(&["migrate"]);
-    assert!(migrate.status.success(), "{migrate:?}");
-    let url = format!("sqlite://{}", install.path("ruled.db").display());
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let store = runtime.block_on(Store::connect(&url)).unwrap();
-    let history = runtime.block_on(write_history(&store, 3));
+both_backends!(
+    ruled_prune_dry_run_says_what_would_go_then_prune_deletes_it,
+    |db: TestDb| async move {
+        let install = Install::with_database(&db.url);
+        if db.sqlite_dir().is_some() {
+            // A dry run writes nothing, not even a new database where none is.
+            let nowhere = install.run(&["prune", "--dry-run"]);
+            assert!(!nowhere.status.success(), "{nowhere:?}");
+            assert!(
+                stderr(&nowhere).contains("no database file at"),
+                "{nowhere:?}"
+            );
+            assert!(!db.sqlite_dir().unwrap().join("ruled.db").exists());
+        }
+        let migrate = install.run(&["migrate"]);
+        assert!(migrate.status.success(), "{migrate:?}");
+        let store = db.store().await;
+        let history = write_history(&store, 3).await;
 
-    let dry = install.run(&["prune", "--dry-run"]);
-    assert!(dry.status.success(), "{dry:?}");
-    let text = stdout(&dry);
-    assert!(text.contains("retention: 30 day(s)"), "{text}");
-    assert!(
-        text.contains(&format!("would prune {} finished", history.old_finished)),
-        "{text}"
-    );
-    assert!(text.contains("  timed_out: 3"), "{text}");
-    assert!(text.contains("dry run: nothing deleted"), "{text}");
-    let before = runtime.block_on(execution_count(&store));
-    assert_eq!(before, history.old_finished + history.kept);
+        let dry = install.run(&["prune", "--dry-run"]);
+        assert!(dry.status.success(), "{dry:?}");
+        let text = stdout(&dry);
+        assert!(text.contains("retention: 30 day(s)"), "{text}");
+        assert!(
+            text.contains(&format!("would prune {} finished", history.old_finished)),
+            "{text}"
+        );
+        assert!(text.contains("  timed_out: 3"), "{text}");
+        assert!(text.contains("dry run: nothing deleted"), "{text}");
+        let before = execution_count(&store).await;
+        assert_eq!(before, history.old_finished + history.kept);
 
-    let pruned = install.run(&["prune"]);
-    assert!(pruned.status.success(), "{pruned:?}");
-    let text = stdout(&pruned);
-    assert!(
-        text.contains(&format!("deleted {} execution(s)", history.old_finished)),
-        "{text}"
-    );
-    assert_eq!(runtime.block_on(execution_count(&store)), history.kept);
+        let pruned = install.run(&["prune"]);
+        assert!(pruned.status.success(), "{pruned:?}");
+        let text = stdout(&pruned);
+        assert!(
+            text.contains(&format!("deleted {} execution(s)", history.old_finished)),
+            "{text}"
+        );
+        assert_eq!(execution_count(&store).await, history.kept);
 
-    let forever = install
-        .command(&["prune"])
-        .env("EXECUTION_RETENTION_DAYS", "0")
-        .output()
-        .unwrap();
-    assert!(stdout(&forever).contains("kept forever"), "{forever:?}");
-    let bad = install
-        .command(&["prune"])
-        .env("EXECUTION_RETENTION_DAYS", "a month")
-        .output()
-        .unwrap();
-    assert!(!bad.status.success());
-    assert!(
-        String::from_utf8_lossy(&bad.stderr).contains("EXECUTION_RETENTION_DAYS"),
-        "{bad:?}"
-    );
-    runtime.block_on(store.close());
-}
+        let forever = install
+            .command(&["prune"])
+            .env("EXECUTION_RETENTION_DAYS", "0")
+            .output()
+            .unwrap();
+        assert!(stdout(&forever).contains("kept forever"), "{forever:?}");
+        let bad = install
+            .command(&["prune"])
+            .env("EXECUTION_RETENTION_DAYS", "a month")
+            .output()
+            .unwrap();
+        assert!(!bad.status.success());
+        assert!(stderr(&bad).contains("EXECUTION_RETENTION_DAYS"), "{bad:?}");
+        store.close().await;
+    }
+);
+
+// `ruled serve` prunes on its own, and says so where operators look: its
+// /metrics, scraped over HTTP, count the rows pruned and show the oldest
+// execution kept.
+both_backends!(
+    ruled_serve_shows_its_pruning_in_its_metrics,
+    tokio::test(flavor = "multi_thread", worker_threads = 2),
+    |db: TestDb| async move {
+        let store = db.store().await;
+        let history = write_history(&store, 4).await;
+        let install = Install::with_database(&db.url);
+        let mut child = install.serve("serve.log");
+        let api = Api::at(install.listening_addr("serve.log"), None);
+        // The first prune comes ten seconds after start.
+        let deadline = std::time::Instant::now() + DEADLINE;
+        loop {
+            let metrics = api.get("/metrics").await.text;
+            let pruned = metric_sample(&metrics, "ruled_executions_pruned_total", &[]);
+            let oldest_kept = metric_sample(
+                &metrics,
+                "ruled_executions_oldest_kept_timestamp_seconds",
+                &[],
+            );
+            let oldest = store.oldest_execution().await.unwrap().unwrap() as f64 / 1000.0;
+            let done = pruned.is_some_and(|n| n >= history.old_finished as f64)
+                && oldest_kept.is_some_and(|kept| (kept - oldest).abs() < 0.001);
+            if done {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "pruned {pruned:?} of {}, oldest kept {oldest_kept:?} (the oldest row: {oldest}):\n{}",
+                history.old_finished,
+                install.log("serve.log")
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        assert!(
+            install.log("serve.log").contains("🧹 Pruned"),
+            "{}",
+            install.log("serve.log")
+        );
+        assert_eq!(
+            store
+                .prunable_executions(now_ms() - 30 * DAY)
+                .await
+                .unwrap()
+                .total(),
+            0
+        );
+        signal(&child, libc::SIGTERM);
+        assert!(wait_exit(&mut child).success());
+        store.close().await;
+    }
+);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_service_prunes_on_its_own_and_keeps_the_rest() {

@@ -261,6 +261,24 @@ async fn secrets_stay_hidden(log_format: &str) {
         .await,
     )
     .await;
+    // A second rule on the same template: a listing reads the template
+    // once, and must mask both rules' details by it.
+    ok(
+        &mut seen,
+        "create a second branch rule sharing the template",
+        api.post(
+            "/api/v1/branch-rules",
+            &json!({
+                "branch_id": branch["id"], "rule_id": rule["id"],
+                "action_details": [
+                    {"action_template_id": noop_template["id"],
+                     "params": {"order_ref": ORDER_REF}},
+                ],
+            }),
+        )
+        .await,
+    )
+    .await;
     let br = branch_rule["id"].as_str().unwrap().to_string();
     let template_id = http_template["id"].as_str().unwrap().to_string();
 

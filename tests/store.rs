@@ -295,6 +295,7 @@ fn fixture() -> PlanData {
         action_templates,
         branch_rules,
         action_details,
+        action_details_cut: None,
     }
 }
 
@@ -555,10 +556,34 @@ both_backends!(
         let mut expected = details.clone();
         expected.sort_by_key(|d| (d.branch_rule_id.hyphenated().to_string(), d.position));
 
-        let all = store.load_plan_data(CAP).await.unwrap().action_details;
-        assert_eq!(all, expected);
-        let capped = store.load_plan_data(7).await.unwrap().action_details;
-        assert_eq!(capped, expected[..7]);
+        let all = store.load_plan_data(CAP).await.unwrap();
+        assert_eq!(all.action_details, expected);
+        assert_eq!(all.action_details_cut, None, "nothing was cut");
+        let capped = store.load_plan_data(7).await.unwrap();
+        assert_eq!(capped.action_details, expected[..7]);
+        assert_eq!(
+            capped.action_details_cut,
+            Some(expected[6].branch_rule_id),
+            "the cut falls in the second rule's details"
+        );
+
+        // A row under the cap that does not decode still took its place:
+        // the cut is where it was, not missed (which would leave the rules
+        // past it with no steps at all).
+        store
+            .execute_sql(&format!(
+                "UPDATE action_details SET params = '{{not json' WHERE id = '{}'",
+                expected[0].id
+            ))
+            .await
+            .unwrap();
+        let with_a_bad_row = store.load_plan(7, None).await.unwrap();
+        assert_eq!(with_a_bad_row.data.action_details, expected[1..7]);
+        assert_eq!(with_a_bad_row.rejected.len(), 1);
+        assert_eq!(
+            with_a_bad_row.data.action_details_cut,
+            Some(expected[6].branch_rule_id)
+        );
         assert!(
             store
                 .load_plan_data(0)

@@ -76,6 +76,7 @@ pub mod command;
 mod fields;
 pub mod http;
 pub mod noop;
+pub mod panic_report;
 mod registry;
 pub mod secrets;
 pub mod sleep;

@@ -353,7 +353,6 @@ impl PlanState {
             first_refresh: !self.merged_once,
             recent_window: self.config.plan_refresh_interval,
             max_age: self.config.plan_workflow_max_age,
-            action_details_cap: self.config.plan_action_details_cap,
         };
         let report = merge(&mut self.plan, data, now, options);
         self.merged_once = true;

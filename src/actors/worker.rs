@@ -11,6 +11,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+use crate::actions::panic_report::{self, Scrubber};
 use crate::actions::secrets::Secrets;
 use crate::actions::{ActionCall, ActionError, ActionRegistry};
 use crate::actors::{Recorded, finish_recorded, record_finish};
@@ -26,7 +27,7 @@ use crate::metrics as m;
 use crate::model::{ExecutionStatus, Millis};
 use crate::plan::{Ending, FinishDecision, JobStep, RunEnd, decide_finish, job_steps};
 use crate::schedule::CronSchedule;
-use crate::store::{PendingTransition, Store, Transition, TransitionBatcher};
+use crate::store::{PendingTransition, Store, StoreError, Transition, TransitionBatcher};
 use chrono_tz::Tz;
 use uuid::Uuid;
 
@@ -81,6 +82,7 @@ impl Actor for WorkerActor {
         myself: ActorRef<WorkerMsg>,
         args: WorkerArgs,
     ) -> Result<WorkerState, ActorProcessingErr> {
+        panic_report::install_hook();
         Ok(WorkerState {
             args,
             id: myself.get_id(),
@@ -246,11 +248,26 @@ impl WorkerState {
         metrics::histogram!(m::DISPATCH_LAG_SECONDS).record(lag_ms as f64 / 1000.0);
         let _ = args.master.cast(MasterMsg::JobStarted { at: now, lag_ms });
 
+        // Why the steps cannot be run, when a row of them is unreadable.
+        let mut unreadable = None;
         let steps = match job.spec.steps.clone() {
             Some(steps) => steps,
             // Past the plan's action-details cap: read them now.
             None => match args.store.action_steps(branch_rule_id).await {
                 Ok(rows) => job_steps(rows),
+                // A row that does not decode (a detail or template broken
+                // with SQL) fails every read until an operator fixes it, so
+                // leaving the occurrence due would fail it again every few
+                // seconds, for ever. The plan holds only the rules whose
+                // details it caches; this one fails as a failing action
+                // would, and its policy (retries, next run) applies.
+                Err(e @ StoreError::Decode { .. }) => {
+                    warn!(%branch_rule_id, %execution_id, "🚫 Worker-{} cannot run the occurrence: its action details are unreadable: {e}; fix the row", args.number);
+                    unreadable = Some(format!(
+                        "cannot read the action details: {e}; nothing ran; fix the row"
+                    ));
+                    Vec::new()
+                }
                 Err(e) => {
                     // Nothing ran: the occurrence is not consumed. It is
                     // recorded Failed with the reason and, its next run
@@ -283,19 +300,26 @@ impl WorkerState {
         let execution_id = job.execution_id();
         let worker = myself.clone();
         let steps = Arc::new(steps);
-        let panicked_steps = steps.clone();
+        let scrub: Scrubber = {
+            let steps = steps.clone();
+            Arc::new(move |text| without_secrets(&steps, execution_id, text))
+        };
+        let report_scrub = scrub.clone();
         tokio::spawn(async move {
             // The actions run in a task of their own so that a panicking
             // action is seen here as a failed job, with its message, instead
             // of a job that never reports back.
-            let outcome = tokio::spawn(async move {
-                run_steps(&registry, execution_id, &steps, timeout, cancel_rx).await
-            })
-            .await
-            .unwrap_or_else(|e| {
-                let message = format!("action panicked: {}", panic_message(e));
-                failed(without_secrets(&panicked_steps, execution_id, message))
-            });
+            let actions = async move {
+                match unreadable {
+                    Some(error) => failed(error),
+                    None => run_steps(&registry, execution_id, &steps, timeout, cancel_rx).await,
+                }
+            };
+            let outcome = tokio::spawn(panic_report::scrubbed(actions, report_scrub))
+                .await
+                .unwrap_or_else(|e| {
+                    failed(scrub(format!("action panicked: {}", panic_message(e))))
+                });
             let _ = worker.cast(WorkerMsg::ActionsDone(Box::new(outcome)));
         });
         let renew_every = args.config.schedule_lock_timeout / 3;

@@ -1406,6 +1406,28 @@ pub async fn present_branch_rule(
     state: &ApiState,
     row: Map<String, Value>,
 ) -> ApiResult<BranchRule> {
+    present_branch_rule_with(state, row, &mut TemplateConfigs::default()).await
+}
+
+/// Branch rules as the API shows them, for a listing: a template their
+/// details share is read once for the whole page, not once per rule.
+pub async fn present_branch_rules(
+    state: &ApiState,
+    rows: impl IntoIterator<Item = Map<String, Value>>,
+) -> ApiResult<Vec<BranchRule>> {
+    let mut templates = TemplateConfigs::default();
+    let mut out = Vec::new();
+    for row in rows {
+        out.push(present_branch_rule_with(state, row, &mut templates).await?);
+    }
+    Ok(out)
+}
+
+async fn present_branch_rule_with(
+    state: &ApiState,
+    row: Map<String, Value>,
+    templates: &mut TemplateConfigs,
+) -> ApiResult<BranchRule> {
     let zone = zone_of_branch(state, row.get("branch_id").unwrap_or(&Value::Null)).await?;
     let policy = effective_policy_of(state, &row).await?;
     let id = row.get("id").cloned().unwrap_or(Value::Null);
@@ -1437,7 +1459,7 @@ pub async fn present_branch_rule(
         }
     }
     let mut details: Vec<ActionDetail> = views(details)?;
-    masked_by_templates(state, &mut details).await?;
+    templates.mask(state, &mut details).await?;
     details.sort_by_key(|d| d.position);
     shown.action_details = details;
     Ok(shown)
@@ -1446,25 +1468,35 @@ pub async fn present_branch_rule(
 /// Details as the API shows them: their params masked by the `secret_keys`
 /// of their template too, which a run merges with their own.
 async fn masked_by_templates(state: &ApiState, details: &mut [ActionDetail]) -> ApiResult<()> {
-    let mut configs: HashMap<String, Option<Value>> = HashMap::new();
-    for detail in details {
-        let id = &detail.action_template_id;
-        if !configs.contains_key(id) {
-            let config = match Uuid::parse_str(id) {
-                Ok(uuid) => state
-                    .store()
-                    .row(&ACTION_TEMPLATES, uuid)
-                    .await?
-                    .and_then(|mut row| row.remove("config")),
-                Err(_) => None,
-            };
-            configs.insert(id.clone(), config);
+    TemplateConfigs::default().mask(state, details).await
+}
+
+/// The templates' configs one response has read, by template id, so that a
+/// listing reads each template once; `None` for a template that is gone.
+#[derive(Default)]
+struct TemplateConfigs(HashMap<String, Option<Value>>);
+
+impl TemplateConfigs {
+    async fn mask(&mut self, state: &ApiState, details: &mut [ActionDetail]) -> ApiResult<()> {
+        for detail in details {
+            let id = &detail.action_template_id;
+            if !self.0.contains_key(id) {
+                let config = match Uuid::parse_str(id) {
+                    Ok(uuid) => state
+                        .store()
+                        .row(&ACTION_TEMPLATES, uuid)
+                        .await?
+                        .and_then(|mut row| row.remove("config")),
+                    Err(_) => None,
+                };
+                self.0.insert(id.clone(), config);
+            }
+            if let Some(config) = &self.0[id] {
+                detail.params = secrets::redact_params(&detail.params, Some(config));
+            }
         }
-        if let Some(config) = &configs[id] {
-            detail.params = secrets::redact_params(&detail.params, Some(config));
-        }
+        Ok(())
     }
-    Ok(())
 }
 
 #[utoipa::path(post, path = "/branch-rules", tag = "branch rules",
@@ -1569,10 +1601,7 @@ pub async fn list_branch_rules(
     Query(query): Query<PageQuery>,
 ) -> ApiResult<Page<BranchRule>> {
     let (rows, next) = page_of(&s, &BRANCH_RULES, None, PageOrder::Id, &query).await?;
-    let mut out = Vec::new();
-    for row in rows {
-        out.push(present_branch_rule(&s, row).await?);
-    }
+    let out = present_branch_rules(&s, rows).await?;
     Ok(paged("/branch-rules", query.limit, out, next))
 }
 

@@ -12,7 +12,9 @@ use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
 use super::ApiState;
-use super::catalog::{get_row, nudge, policies_of, present_branch_rule, schedule_of_row};
+use super::catalog::{
+    get_row, nudge, policies_of, present_branch_rule, present_branch_rules, schedule_of_row,
+};
 use super::error::{ApiError, ApiResult};
 use super::extract::ApiJson;
 use super::present::rfc3339;
@@ -160,13 +162,13 @@ pub async fn force_stop(
 pub async fn due(State(s): State<ApiState>) -> ApiResult<Json<Vec<BranchRule>>> {
     let plan = s.directory().plan().ok_or_else(|| restarting("plan"))?;
     let ids = ask(&plan, PlanMsg::Ready).await?;
-    let mut out = Vec::new();
+    let mut rows = Vec::new();
     for id in ids {
         if let Some(row) = s.store().row(&BRANCH_RULES, id).await? {
-            out.push(present_branch_rule(&s, row).await?);
+            rows.push(row);
         }
     }
-    Ok(Json(out))
+    Ok(Json(present_branch_rules(&s, rows).await?))
 }
 
 /// The most runs one preview shows.

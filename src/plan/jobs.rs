@@ -248,10 +248,10 @@ mod tests {
         // Ordered by branch rule id and cut at two: rule 0xA1 is complete,
         // the cut falls on 0xA2, and the fixture's rule (0xB4) is past it.
         data.action_details = vec![detail(0xA1, 1), detail(0xA2, 2)];
+        data.action_details_cut = Some(Uuid::from_u128(0xA2));
         let mut plan = ExecutionPlan::new();
         let options = MergeOptions {
             first_refresh: true,
-            action_details_cap: 2,
             ..MergeOptions::default()
         };
         merge(&mut plan, data.clone(), NOW, options);
@@ -264,10 +264,7 @@ mod tests {
                 .is_none()
         );
 
-        let options = MergeOptions {
-            action_details_cap: 3,
-            ..options
-        };
+        data.action_details_cut = None;
         merge(&mut plan, data, NOW, options);
         let spec = spec_of(&plan, &fixture.workflow_id).unwrap();
         assert_eq!(

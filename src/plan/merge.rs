@@ -17,9 +17,6 @@ pub struct MergeOptions {
     pub recent_window: Duration,
     /// Rule 4: workflows missing from the database are dropped after this.
     pub max_age: Duration,
-    /// PLAN_ACTION_DETAILS_CAP: a read that returns this many action
-    /// details was cut, so the rules at and after the cut are not cached.
-    pub action_details_cap: usize,
 }
 
 impl Default for MergeOptions {
@@ -28,7 +25,6 @@ impl Default for MergeOptions {
             first_refresh: false,
             recent_window: Duration::from_secs(20),
             max_age: Duration::from_secs(24 * 3600),
-            action_details_cap: 1500,
         }
     }
 }
@@ -108,9 +104,7 @@ pub fn merge(
 
     // The details are read ordered by branch rule id: when the cap cut the
     // read, the last rule in it may be partial and later ones are absent.
-    plan.action_details_cut_at = (server.action_details.len() >= options.action_details_cap)
-        .then(|| server.action_details.last().map(|d| d.branch_rule_id))
-        .flatten();
+    plan.action_details_cut_at = server.action_details_cut;
     // Lookup tables carry no local state: the database is always right.
     plan.replace_tables(
         server.brands,
@@ -230,7 +224,6 @@ mod tests {
             first_refresh: false,
             recent_window: Duration::from_secs(20),
             max_age: Duration::from_secs(24 * 3600),
-            action_details_cap: 1500,
         }
     }
 

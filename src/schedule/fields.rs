@@ -492,4 +492,19 @@ mod tests {
         assert!(!firsts.matches(at(2026, 6, 1, 0, 1)), "minute");
         assert!(firsts.matches(at(2026, 6, 1, 0, 0) + chrono::TimeDelta::seconds(59)));
     }
+
+    #[test]
+    fn a_step_over_every_weekday_still_restricts_the_day_fields() {
+        // `*/1` names every weekday but is not a bare `*`, so the day fields
+        // are OR-ed: the 1st, or any weekday, which is every day. Vixie cron
+        // reads a field starting with `*` as unrestricted (the 1st only);
+        // README says which rule ruled follows.
+        let every_day = fields("0 0 1 * */1");
+        assert!(every_day.matches(at(2026, 6, 1, 0, 0)));
+        assert!(every_day.matches(at(2026, 6, 2, 0, 0)));
+        let firsts_or_sundays = fields("0 0 1 * */7");
+        assert!(firsts_or_sundays.matches(at(2026, 6, 1, 0, 0)), "the 1st");
+        assert!(firsts_or_sundays.matches(at(2026, 6, 7, 0, 0)), "a Sunday");
+        assert!(!firsts_or_sundays.matches(at(2026, 6, 2, 0, 0)));
+    }
 }

@@ -178,6 +178,17 @@ mod tests {
     }
 
     #[test]
+    fn a_window_whose_bounds_are_equal_is_open_all_day() {
+        let all_day = Window {
+            from: t("09:00"),
+            to: t("09:00"),
+        };
+        for time in ["00:00", "08:59", "09:00", "09:01", "23:59"] {
+            assert!(all_day.contains(t(time)), "{time}");
+        }
+    }
+
+    #[test]
     fn no_window_is_always_open() {
         assert!(window_contains(None, t("03:17")));
         assert_eq!(Window::from_bounds(Some(t("01:00")), None), None);

@@ -10,7 +10,9 @@ use super::workflows::{
     SELECT_BRANCH_RULES_CHANGED_SINCE, decode_action_detail, decode_branch_rule,
 };
 use super::{Store, StoreError};
-use crate::model::{Millis, PlanData, PlanLoad, PlanScope, RejectReason, RejectedRow};
+use crate::model::{
+    ActionDetail, Millis, PlanData, PlanLoad, PlanScope, RejectReason, RejectedRow,
+};
 use uuid::Uuid;
 
 /// A snapshot that sees one committed state for all seven reads, so a branch
@@ -80,6 +82,16 @@ macro_rules! load_all {
                 )
             }
         };
+        let rejected_before = $sifted.rejected.len();
+        let action_details = sift_on!(
+            &mut *$tx,
+            "load action_details",
+            decode_action_detail,
+            $sifted,
+            SELECT_ACTION_DETAILS_CAPPED,
+            $cap
+        )?;
+        let action_details_cut = $sifted.cut_of_details(&action_details, rejected_before, $cap);
         PlanData {
             scope,
             brands: sift_on!(
@@ -112,14 +124,8 @@ macro_rules! load_all {
                 SELECT_ACTION_TEMPLATES
             )?,
             branch_rules,
-            action_details: sift_on!(
-                &mut *$tx,
-                "load action_details",
-                decode_action_detail,
-                $sifted,
-                SELECT_ACTION_DETAILS_CAPPED,
-                $cap
-            )?,
+            action_details,
+            action_details_cut,
         }
     }};
 }
@@ -133,6 +139,31 @@ struct Sifted {
 }
 
 impl Sifted {
+    /// Where the capped read of action details stopped, if the cap cut it:
+    /// the branch rule of the last row read. Rows that did not decode count
+    /// too (they were read, and took a place under the cap): counting only
+    /// the decoded ones would miss the cut and give the rules past it no
+    /// steps at all. A rejected row whose branch rule id is unreadable
+    /// cannot be placed, so the cut may come earlier than the truth, which
+    /// only sends more rules to read their steps from the database.
+    fn cut_of_details(
+        &self,
+        decoded: &[ActionDetail],
+        rejected_before: usize,
+        cap: i64,
+    ) -> Option<Uuid> {
+        let rejected = &self.rejected[rejected_before..];
+        let read = decoded.len() + rejected.len();
+        if (read as i64) < cap {
+            return None;
+        }
+        decoded
+            .iter()
+            .map(|detail| detail.branch_rule_id)
+            .chain(rejected.iter().filter_map(|row| row.branch_rule_id))
+            .max()
+    }
+
     /// Decodes one row; a row that does not decode is set aside as a
     /// [`RejectedRow`] instead of failing the read, so one bad row cannot
     /// keep every other change out of the plan.

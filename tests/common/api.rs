@@ -42,6 +42,22 @@ impl Reply {
     }
 }
 
+/// The value of one series of a Prometheus text exposition: the series
+/// `name` whose labels include `labels`.
+pub fn metric_sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines()
+        .filter(|line| {
+            line.starts_with(&format!("{name}{{")) || line.starts_with(&format!("{name} "))
+        })
+        .find(|line| {
+            labels
+                .iter()
+                .all(|(k, v)| line.contains(&format!("{k}=\"{v}\"")))
+        })
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|value| value.parse().ok())
+}
+
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .tls_backend_preconfigured(ruled::actions::http::tls_config().unwrap())
