@@ -10,6 +10,12 @@ use crate::schedule::{Policy, TimeOfDay};
 /// UTC epoch milliseconds.
 pub type Millis = i64;
 
+/// The times ruled takes, 1970-01-01T00:00:00Z to 9999-12-31T23:59:59.999Z
+/// in epoch ms: the API refuses others, and the plan quarantines a row
+/// written with SQL that holds one.
+pub const EARLIEST_TIME_MS: Millis = 0;
+pub const LATEST_TIME_MS: Millis = 253_402_300_799_999;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Brand {
     pub id: Uuid,

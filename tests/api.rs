@@ -1001,6 +1001,17 @@ both_backends!(
         );
         assert_eq!(runs[0]["utc"], "2026-06-02T00:00:00+00:00");
         assert_eq!(runs.len(), 2);
+
+        // One bound left by SQL: the plan holds the rule, and the preview
+        // says why rather than show runs that never happen.
+        let sql =
+            format!("UPDATE branch_rules SET operation_time_to = NULL WHERE id = '{windowed}'");
+        assert_eq!(running.service.store().execute_sql(&sql).await.unwrap(), 1);
+        let reply = api
+            .get(&format!("/api/v1/branch-rules/{windowed}/preview?count=2"))
+            .await;
+        assert_eq!(reply.status, StatusCode::CONFLICT, "{}", reply.text);
+        assert!(reply.text.contains("operation_time_to"), "{}", reply.text);
         running.service.shutdown("test").await.unwrap();
     }
 );

@@ -1039,3 +1039,178 @@ both_backends!(
         running.service.shutdown("test").await.unwrap();
     }
 );
+
+both_backends!(
+    json_broken_with_sql_is_shown_as_broken_and_fixed_with_a_put,
+    tokio::test(flavor = "multi_thread", worker_threads = 2),
+    |db: TestDb| async move {
+        let (running, api) = start(&db, |c| c).await;
+        let f = fixture(&api).await;
+        let branch_rule = branch_rule(
+            &api,
+            &f,
+            json!({"action_details": [{"action_template_id": f.template, "params": {"n": 1}}]}),
+        )
+        .await;
+        let store = running.service.store();
+        // Written with SQL, around the API's checks: JSON cut short, with
+        // a secret in it that no masking could find in broken text.
+        for sql in [
+            format!(
+                "UPDATE action_templates SET config = '{{\"api_key\": \"k-s3cret\"' WHERE id = '{}'",
+                f.template
+            ),
+            format!(
+                "UPDATE rules SET settings = '{{oops' WHERE id = '{}'",
+                f.rule
+            ),
+            format!(
+                "UPDATE action_details SET params = 'not json' WHERE branch_rule_id = '{branch_rule}'"
+            ),
+        ] {
+            assert_eq!(store.execute_sql(&sql).await.unwrap(), 1, "{sql}");
+        }
+        // Every listing and view still answers, saying what is wrong and
+        // showing nothing of the broken text.
+        for path in [
+            "/api/v1/action-templates".to_string(),
+            format!("/api/v1/action-templates/{}", f.template),
+            "/api/v1/rules".to_string(),
+            "/api/v1/branch-rules".to_string(),
+            format!("/api/v1/branch-rules/{branch_rule}"),
+            format!("/api/v1/branch-rules/{branch_rule}/action-details"),
+        ] {
+            let reply = api.get(&path).await;
+            assert_eq!(reply.status, StatusCode::OK, "{path}: {}", reply.text);
+            assert!(!reply.text.contains("s3cret"), "{path}: {}", reply.text);
+        }
+        let template = api
+            .get(&format!("/api/v1/action-templates/{}", f.template))
+            .await;
+        assert_eq!(template.json["config"], json!({}), "{}", template.text);
+        let why = template.json["config_error"].as_str().unwrap_or_default();
+        assert!(
+            why.starts_with("config: the stored text is not JSON"),
+            "{}",
+            template.text
+        );
+        let rule = api.get(&format!("/api/v1/rules/{}", f.rule)).await;
+        assert!(rule.json["settings_error"].is_string(), "{}", rule.text);
+        let shown = api
+            .get(&format!("/api/v1/branch-rules/{branch_rule}"))
+            .await;
+        assert!(
+            shown.json["action_details"][0]["params_error"].is_string(),
+            "{}",
+            shown.text
+        );
+
+        // Fixed through the API, the row is whole again.
+        let fixed = api
+            .put(
+                &format!("/api/v1/action-templates/{}", f.template),
+                &json!({"config": {}}),
+            )
+            .await;
+        assert_eq!(fixed.status, StatusCode::OK, "{}", fixed.text);
+        assert!(fixed.json.get("config_error").is_none(), "{}", fixed.text);
+        let fixed = api
+            .put(
+                &format!("/api/v1/rules/{}", f.rule),
+                &json!({"settings": {"region": "eu"}}),
+            )
+            .await;
+        assert_eq!(fixed.status, StatusCode::OK, "{}", fixed.text);
+        assert_eq!(fixed.json["settings"], json!({"region": "eu"}));
+        let detail = shown.json["action_details"][0]["id"].as_str().unwrap();
+        let fixed = api
+            .put(
+                &format!("/api/v1/branch-rules/{branch_rule}/action-details/{detail}"),
+                &json!({"params": {"n": 2}}),
+            )
+            .await;
+        assert_eq!(fixed.status, StatusCode::OK, "{}", fixed.text);
+        assert!(fixed.json.get("params_error").is_none(), "{}", fixed.text);
+        running.service.shutdown("test").await.unwrap();
+    }
+);
+
+both_backends!(
+    a_brand_rule_of_another_rule_or_brand_is_refused,
+    tokio::test(flavor = "multi_thread", worker_threads = 2),
+    |db: TestDb| async move {
+        let (running, api) = start(&db, |c| c).await;
+        let f = fixture(&api).await;
+        let brand = api
+            .get(&format!("/api/v1/branches/{}", f.branch))
+            .await
+            .json["brand_id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let other_brand = id(&api.post("/api/v1/brands", &json!({ "name": "o" })).await);
+        let other_rule = id(&api
+            .post(
+                "/api/v1/rules",
+                &json!({ "name": "o", "cron_expression": "0 4 * * *" }),
+            )
+            .await);
+        // Brand rules are written with SQL: this brand's override of the
+        // fixture's rule, of another rule, and another brand's.
+        let [fits, of_another_rule, of_another_brand] = [
+            (&brand, &f.rule),
+            (&brand, &other_rule),
+            (&other_brand, &f.rule),
+        ]
+        .map(|(brand, rule)| {
+            (
+                uuid::Uuid::new_v4().to_string(),
+                brand.clone(),
+                rule.clone(),
+            )
+        });
+        for (id, brand, rule) in [&fits, &of_another_rule, &of_another_brand] {
+            let sql = format!(
+                "INSERT INTO brand_rules (id, brand_id, rule_id, cron_expression, created_at, updated_at) \
+                 VALUES ('{id}', '{brand}', '{rule}', '0 5 * * *', 0, 0)"
+            );
+            running.service.store().execute_sql(&sql).await.unwrap();
+        }
+        let before = everything(&api).await;
+        for (brand_rule, names) in [
+            (&of_another_rule, &other_rule),
+            (&of_another_brand, &other_brand),
+        ] {
+            let body =
+                json!({"branch_id": f.branch, "rule_id": f.rule, "brand_rule_id": brand_rule.0});
+            let refused = api.post("/api/v1/branch-rules", &body).await;
+            assert_eq!(refused.status, StatusCode::CONFLICT, "{}", refused.text);
+            assert!(refused.text.contains("brand_rule_id"), "{}", refused.text);
+            assert!(refused.text.contains(names.as_str()), "{}", refused.text);
+        }
+        assert_eq!(
+            everything(&api).await,
+            before,
+            "a refused request saved something"
+        );
+
+        let created = branch_rule(&api, &f, json!({"brand_rule_id": fits.0})).await;
+        // Moving it to another rule leaves the brand rule behind: refused.
+        let moved = api
+            .put(
+                &format!("/api/v1/branch-rules/{created}"),
+                &json!({"rule_id": other_rule}),
+            )
+            .await;
+        assert_eq!(moved.status, StatusCode::CONFLICT, "{}", moved.text);
+        assert!(moved.text.contains("brand_rule_id"), "{}", moved.text);
+        let moved = api
+            .put(
+                &format!("/api/v1/branch-rules/{created}"),
+                &json!({"rule_id": other_rule, "brand_rule_id": of_another_rule.0}),
+            )
+            .await;
+        assert_eq!(moved.status, StatusCode::OK, "{}", moved.text);
+        running.service.shutdown("test").await.unwrap();
+    }
+);

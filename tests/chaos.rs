@@ -452,6 +452,14 @@ fn sigstop_past_the_ttl_then_sigcont_changes_nothing() {
         cluster
             .wait_until_cluster_ready(cluster.ttl * 3 + Duration::from_secs(10))
             .await;
+        // Woken past its fence deadline, it stopped its stale jobs at its
+        // first round, though the heartbeat then landed (the survivors were
+        // running them again), and recovered what that stopped itself.
+        let log = cluster.log(victim);
+        assert!(
+            log.contains("🚧 No heartbeat for") && log.contains("Rejoined after a self-fence"),
+            "the woken {busiest} did not fence itself:\n{log}"
+        );
         let executions = cluster
             .check_invariants(&expect.clone().with_recovery(stop_ms, due_during))
             .await;

@@ -13,7 +13,7 @@ use common::rules::{YEARLY, insert_rule, step};
 use common::service::{start_service_with, without_delays};
 use common::{TestDb, eventually};
 use ruled::actors::ask;
-use ruled::messages::{MasterMsg, PlanMsg};
+use ruled::messages::{LeaseMsg, MasterMsg, PlanMsg};
 use ruled::model::ExecutionStatus;
 use serde_json::json;
 use uuid::Uuid;
@@ -98,3 +98,70 @@ both_backends!(
         running.service.shutdown("test").await.unwrap();
     }
 );
+
+/// A single instance on PostgreSQL whose database goes away for longer
+/// than its lease TTL fences itself: its running job is stopped, unwritten.
+/// No peer will ever take over a live instance, so when the database is
+/// back the instance recovers what its fence stopped before it claims
+/// again: the stopped attempt is recorded `worker_lost` and the occurrence
+/// runs again, rather than staying locked and marked running for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_stopped_by_a_self_fence_runs_again_when_the_database_is_back() {
+    let Some(db) = common::postgres_db().await else {
+        return;
+    };
+    let running = start_service_with(&db.url, |config| ruled::config::Config {
+        partition_lease_ttl: Duration::from_secs(3),
+        partition_lease_retry: Duration::from_millis(500),
+        recently_processed: Duration::ZERO,
+        ..without_delays(config)
+    })
+    .await;
+    let service = &running.service;
+    let store = service.store();
+    let now = chrono::Utc::now().timestamp_millis();
+    let id = insert_rule(store, YEARLY, now, &[step("sleep", json!({"ms": 4_000}))]).await;
+    eventually(DEADLINE, "the job is running", || async {
+        store
+            .executions_for(id)
+            .await
+            .is_ok_and(|runs| runs.iter().any(|e| e.status == ExecutionStatus::Running))
+    })
+    .await;
+
+    let outage = db.outage().await;
+    let lease = service.directory().lease().unwrap();
+    eventually(DEADLINE, "the instance fenced itself", || async {
+        ask(&lease, LeaseMsg::Status)
+            .await
+            .is_ok_and(|status| status.fenced)
+    })
+    .await;
+    outage.restore().await;
+
+    eventually(
+        DEADLINE,
+        "the occurrence ran again and completed",
+        || async {
+            store
+                .executions_for(id)
+                .await
+                .is_ok_and(|runs| runs.iter().any(|e| e.status == ExecutionStatus::Completed))
+        },
+    )
+    .await;
+    let runs = store.executions_for(id).await.unwrap();
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    let stopped = runs
+        .iter()
+        .find(|e| e.status == ExecutionStatus::Failed)
+        .unwrap_or_else(|| panic!("the fenced attempt is recorded: {runs:?}"));
+    assert_eq!(
+        stopped.error.as_deref(),
+        Some(ruled::store::WORKER_LOST),
+        "{runs:?}"
+    );
+    let status = ask(&lease, LeaseMsg::Status).await.unwrap();
+    assert!(!status.fenced, "{status:?}");
+    running.service.shutdown("test").await.unwrap();
+}

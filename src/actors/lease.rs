@@ -31,6 +31,7 @@ use tokio::task::JoinHandle;
 use tracing::{debug, error, info, warn};
 use uuid::Uuid;
 
+use crate::actors::ask_within;
 use crate::clock::Clock;
 use crate::cluster::{self, LiveInstance, Ownership};
 use crate::config::{Config, Partition, hostname};
@@ -41,6 +42,10 @@ use crate::metrics as m;
 use crate::model::Millis;
 use crate::recovery;
 use crate::store::{Backend, Store, StoreError};
+
+/// The least a heartbeat is given, even past the fence deadline: a
+/// fenced instance still needs one to land to rejoin.
+const MIN_HEARTBEAT_WAIT_MS: Millis = 500;
 
 pub struct LeaseActor;
 
@@ -154,15 +159,26 @@ impl LeaseState {
 
     async fn tick(&mut self) {
         let now = self.args.clock.now_ms();
+        // A round that comes this late (the process was paused, a VM
+        // frozen) may come after the peers took this instance over, and
+        // they run its occurrences again: its jobs stop now, before the
+        // heartbeat, whether or not that lands.
+        self.fence_if_overdue(now);
         let renewal_due = self
             .last_ok_sent
             .is_none_or(|at| now - at >= self.ttl_ms() / 3);
-        if renewal_due && !self.heartbeat(now).await {
-            self.fence_if_overdue(now);
+        if renewal_due && !self.heartbeat_in_time(now).await {
+            // Judged at the time the heartbeat gave up, not when it was
+            // sent: a slow failure must not delay the fence.
+            self.fence_if_overdue(self.args.clock.now_ms());
             self.publish();
             return;
         }
         if self.fenced {
+            if !self.recovered_after_fence().await {
+                self.publish();
+                return;
+            }
             info!("💓 Heartbeat renewed: rejoining the cluster");
             self.fenced = false;
         }
@@ -179,6 +195,28 @@ impl LeaseState {
             self.take_over_silent();
         }
         self.forward_cancel_requests().await;
+    }
+
+    /// The time by which this instance fences itself without a heartbeat.
+    fn fence_deadline(&self) -> Millis {
+        let since = self.last_ok_sent.unwrap_or(self.started_at);
+        cluster::self_fence_deadline(since, self.ttl())
+    }
+
+    /// [`Self::heartbeat`], given up at the fence deadline (and after a
+    /// third of the TTL at most): a database that does not answer, a
+    /// connection into a black hole, must not hold the fence back.
+    async fn heartbeat_in_time(&mut self, sent_at: Millis) -> bool {
+        let until_fence = (self.fence_deadline() - sent_at).max(MIN_HEARTBEAT_WAIT_MS);
+        let limit = Duration::from_millis(until_fence as u64).min(self.ttl() / 3);
+        match tokio::time::timeout(limit, self.heartbeat(sent_at)).await {
+            Ok(landed) => landed,
+            Err(_) => {
+                metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "heartbeat").increment(1);
+                warn!("💔 Heartbeat failed: no answer within {limit:?}");
+                false
+            }
+        }
     }
 
     /// `true` when the heartbeat landed (re-registering if an operator
@@ -210,6 +248,29 @@ impl LeaseState {
             Err(e) => {
                 metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "heartbeat").increment(1);
                 warn!("💔 Heartbeat failed: {e}");
+                false
+            }
+        }
+    }
+
+    /// Whether the master has recovered what the fence stopped, so this
+    /// instance may own partitions again. Its peers take over only silent
+    /// instances: without this, the rules whose jobs the fence stopped
+    /// would stay locked and marked running by a live instance, and never
+    /// run again until it restarted.
+    async fn recovered_after_fence(&self) -> bool {
+        let Some(master) = self.args.directory.master() else {
+            debug!("Still fenced: no master to recover the fenced jobs yet");
+            return false;
+        };
+        match ask_within(&master, self.ttl(), MasterMsg::RecoverAfterFence).await {
+            Ok(true) => true,
+            Ok(false) => {
+                info!("🚧 Heartbeat renewed; still fenced until the fenced jobs have stopped");
+                false
+            }
+            Err(e) => {
+                debug!("Still fenced: the master did not answer: {e}");
                 false
             }
         }

@@ -202,6 +202,10 @@ impl Actor for MasterActor {
             MasterMsg::RenewQueuedClaims => state.renew_queued_claims().await,
             MasterMsg::CheckBacklog => state.check_backlog().await,
             MasterMsg::SelfFence => state.self_fence(),
+            MasterMsg::RecoverAfterFence(reply) => {
+                let recovered = state.recover_after_fence().await;
+                let _ = reply.send(recovered);
+            }
             MasterMsg::OverlapDue { execution_id } => state.overlap_due(execution_id),
             MasterMsg::InjectPanic(reason) => panic!("{reason}"),
         }
@@ -235,6 +239,27 @@ impl MasterState {
     /// result landed is terminal and left alone; the others run again as a
     /// new attempt once the grace period is over.
     async fn recover_after_restart(&mut self) {
+        self.recover_own_jobs("Master restarted", "the previous master")
+            .await;
+    }
+
+    /// After a self-fence, once nothing of this instance is in flight:
+    /// the same recovery as after a restart, for the jobs the fence
+    /// stopped and the claims it dropped, all unwritten. While the fence
+    /// held, this instance owned no partition and claimed nothing new.
+    async fn recover_after_fence(&mut self) -> bool {
+        if self.pool.busy_len() > 0 || !self.claiming.is_empty() || !self.recording.is_empty() {
+            return false;
+        }
+        self.recover_own_jobs("Rejoined after a self-fence", "the fence")
+            .await;
+        true
+    }
+
+    /// Records this instance's open executions Failed `worker_lost` and
+    /// releases its claims, after the writes already queued and the
+    /// outbox's results have landed.
+    async fn recover_own_jobs(&mut self, event: &str, stopped_by: &str) {
         let args = &self.args;
         let instance_id = &args.config.instance_id;
         let now = args.clock.now_ms();
@@ -252,7 +277,7 @@ impl MasterState {
                 metrics::counter!(m::JOBS_TOTAL, "outcome" => "failed")
                     .increment(lost.len() as u64);
                 info!(
-                    "👑 Master restarted: {} job(s) of the previous master recorded worker_lost",
+                    "👑 {event}: {} job(s) stopped by {stopped_by} recorded worker_lost",
                     lost.len()
                 );
             }
@@ -260,7 +285,7 @@ impl MasterState {
                 // Their locks time out (SCHEDULE_LOCK_TIMEOUT_SECONDS) and
                 // the occurrences are claimed again then.
                 metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "recover_owner").increment(1);
-                warn!("Master restarted; the previous master's jobs could not be recovered: {e}");
+                warn!("{event}; the jobs stopped by {stopped_by} could not be recovered: {e}");
             }
         }
         if let Some(plan) = args.directory.plan() {

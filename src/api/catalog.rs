@@ -266,6 +266,38 @@ async fn live_parent(
     }
 }
 
+/// A branch rule's brand rule overrides its own rule's schedule for its
+/// own branch's brand; one of another rule or brand would run the branch
+/// rule on a schedule nobody meant for it. A conflict with stored rows,
+/// so 409.
+fn check_brand_rule_fits(
+    brand_rule: &Map<String, Value>,
+    rule_id: &str,
+    branch: &Map<String, Value>,
+) -> ApiResult<()> {
+    let text = |row: &Map<String, Value>, key: &str| {
+        row.get(key)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
+    let id = text(brand_rule, "id");
+    let overrides = text(brand_rule, "rule_id");
+    if !overrides.eq_ignore_ascii_case(rule_id) {
+        return Err(ApiError::Conflict(format!(
+            "brand_rule_id: brand rule {id} overrides rule {overrides}, not this branch rule's rule {rule_id}"
+        )));
+    }
+    let (brand, branch_brand) = (text(brand_rule, "brand_id"), text(branch, "brand_id"));
+    if brand != branch_brand {
+        return Err(ApiError::Conflict(format!(
+            "brand_rule_id: brand rule {id} is brand {brand}'s, and branch {} is brand {branch_brand}'s",
+            text(branch, "id")
+        )));
+    }
+    Ok(())
+}
+
 /// Refuses a `position` another detail of the branch rule already holds
 /// (`except`: the detail being updated), since two details at one
 /// position would run in an order nobody chose. A conflict with stored
@@ -1534,10 +1566,12 @@ pub async fn create_branch_rule(
         positions.push(position);
         details.push((detail, position));
     }
-    live_parent(&s, &BRANCHES, "branch", "branch_id", input.branch_id).await?;
+    let branch = live_parent(&s, &BRANCHES, "branch", "branch_id", input.branch_id).await?;
     live_parent(&s, &RULES, "rule", "rule_id", input.rule_id).await?;
     if let Some(brand_rule) = input.brand_rule_id {
-        live_parent(&s, &BRAND_RULES, "brand rule", "brand_rule_id", brand_rule).await?;
+        let brand_rule =
+            live_parent(&s, &BRAND_RULES, "brand rule", "brand_rule_id", brand_rule).await?;
+        check_brand_rule_fits(&brand_rule, &input.rule_id.to_string(), &branch)?;
     }
     for (index, (detail, _)) in details.iter().enumerate() {
         let field = format!("action_details[{index}].action_template_id");
@@ -1632,15 +1666,57 @@ pub async fn update_branch_rule(
         input.operation_time_to.as_ref(),
     )?;
     check_durations(longest_action_ms(&s), "params.", input.params.as_ref())?;
-    get_row(&s, &BRANCH_RULES, "branch rule", &id).await?;
-    if let Some(branch_id) = input.branch_id {
-        live_parent(&s, &BRANCHES, "branch", "branch_id", branch_id).await?;
-    }
+    let stored = get_row(&s, &BRANCH_RULES, "branch rule", &id).await?;
+    let branch = match input.branch_id {
+        Some(branch_id) => {
+            Some(live_parent(&s, &BRANCHES, "branch", "branch_id", branch_id).await?)
+        }
+        None => None,
+    };
     if let Some(rule_id) = input.rule_id {
         live_parent(&s, &RULES, "rule", "rule_id", rule_id).await?;
     }
-    if let Some(brand_rule) = input.brand_rule_id {
-        live_parent(&s, &BRAND_RULES, "brand rule", "brand_rule_id", brand_rule).await?;
+    // The brand rule, branch and rule the update leaves must still fit
+    // together, when it changes any of them.
+    let brand_rule = match input.brand_rule_id {
+        Some(brand_rule) => {
+            Some(live_parent(&s, &BRAND_RULES, "brand rule", "brand_rule_id", brand_rule).await?)
+        }
+        None if branch.is_some() || input.rule_id.is_some() => {
+            match stored.get("brand_rule_id").and_then(Value::as_str) {
+                Some(stored_id) => {
+                    s.store()
+                        .row(&BRAND_RULES, Uuid::parse_str(stored_id).unwrap_or_default())
+                        .await?
+                }
+                None => None,
+            }
+        }
+        None => None,
+    };
+    if let Some(brand_rule) = brand_rule {
+        let branch = match branch {
+            Some(branch) => Some(branch),
+            None => match stored.get("branch_id").and_then(Value::as_str) {
+                Some(branch_id) => {
+                    s.store()
+                        .row(&BRANCHES, Uuid::parse_str(branch_id).unwrap_or_default())
+                        .await?
+                }
+                None => None,
+            },
+        };
+        let rule_id = match input.rule_id {
+            Some(rule_id) => rule_id.to_string(),
+            None => stored
+                .get("rule_id")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string(),
+        };
+        if let Some(branch) = branch {
+            check_brand_rule_fits(&brand_rule, &rule_id, &branch)?;
+        }
     }
     let map = with_policy(to_map(&input), input.policy.as_ref().map(Option::as_ref));
     let map = with_next_run(map, input.next_run_time);

@@ -226,7 +226,21 @@ pub async fn preview_runs(
             })
             .transpose()
     };
-    let window = Window::from_bounds(bound("operation_time_from")?, bound("operation_time_to")?);
+    let (window_from, window_to) = (bound("operation_time_from")?, bound("operation_time_to")?);
+    // One bound alone (written with SQL) is a row the plan quarantines: a
+    // preview without a window would show runs that never happen.
+    if window_from.is_some() != window_to.is_some() {
+        let missing = if window_from.is_some() {
+            "operation_time_to"
+        } else {
+            "operation_time_from"
+        };
+        return Err(ApiError::Conflict(format!(
+            "the stored window has one bound, {missing} is missing: the plan holds this branch \
+             rule until both are set or neither is"
+        )));
+    }
+    let window = Window::from_bounds(window_from, window_to);
     let from_ms = from;
     let from = chrono::DateTime::from_timestamp_millis(from)
         .ok_or_else(|| ApiError::field("from", "out of range"))?;

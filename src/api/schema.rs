@@ -84,9 +84,7 @@ impl RequestTime {
     }
 }
 
-/// 1970-01-01T00:00:00Z to 9999-12-31T23:59:59.999Z in epoch ms.
-pub const EARLIEST_TIME_MS: i64 = 0;
-pub const LATEST_TIME_MS: i64 = 253_402_300_799_999;
+pub use crate::model::{EARLIEST_TIME_MS, LATEST_TIME_MS};
 
 /// [`RequestTime`]'s pattern: an RFC 3339 time whose instant lies within
 /// 1970–9999 UTC. Inside the years 1971–9998 any offset will do; on the

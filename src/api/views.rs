@@ -97,6 +97,10 @@ pub struct Brand {
     pub name: String,
     #[schema(value_type = Object)]
     pub settings: Value,
+    /// Why the stored `settings` is not JSON (written with SQL), when it is
+    /// not; `settings` is then `{}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settings_error: Option<String>,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
     pub created_by: Option<String>,
@@ -140,6 +144,10 @@ pub struct Rule {
     pub cron_expression: String,
     #[schema(value_type = Object)]
     pub settings: Value,
+    /// Why the stored `settings` is not JSON (written with SQL), when it is
+    /// not; `settings` is then `{}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settings_error: Option<String>,
     /// The scheduling policy of its branch rules, as stored; each may
     /// override any field. `null`: none (the defaults).
     pub policy: Option<Policy>,
@@ -166,6 +174,10 @@ pub struct ActionTemplate {
     /// the stored value.
     #[schema(value_type = Object)]
     pub config: Value,
+    /// Why the stored `config` is not JSON (written with SQL), when it is
+    /// not; `config` is then `{}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_error: Option<String>,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
     pub created_by: Option<String>,
@@ -185,6 +197,10 @@ pub struct ActionDetail {
     /// Merged over the template's config at run time; secrets as `***`.
     #[schema(value_type = Object)]
     pub params: Value,
+    /// Why the stored `params` is not JSON (written with SQL), when it is
+    /// not; `params` is then `{}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub params_error: Option<String>,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
     pub created_by: Option<String>,
@@ -218,6 +234,10 @@ pub struct BranchRule {
     pub lock_epoch: i64,
     #[schema(value_type = Object)]
     pub params: Value,
+    /// Why the stored `params` is not JSON (written with SQL), when it is
+    /// not; `params` is then `{}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub params_error: Option<String>,
     /// Overrides fields of its rule's policy, as stored; `null`: none.
     pub policy: Option<Policy>,
     /// A retry is pending: the occurrence it retries (`next_run_time` is

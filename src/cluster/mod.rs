@@ -293,8 +293,12 @@ pub fn self_fence_margin(ttl: Duration) -> Duration {
 /// past the heartbeat plus the TTL, and the heartbeat was written no
 /// earlier than it was sent.
 pub fn must_self_fence(last_ok_sent: Millis, now: Millis, ttl: Duration) -> bool {
-    let deadline = last_ok_sent + (ttl - self_fence_margin(ttl)).as_millis() as Millis;
-    now >= deadline
+    now >= self_fence_deadline(last_ok_sent, ttl)
+}
+
+/// The time from which [`must_self_fence`] holds.
+pub fn self_fence_deadline(last_ok_sent: Millis, ttl: Duration) -> Millis {
+    last_ok_sent + (ttl - self_fence_margin(ttl)).as_millis() as Millis
 }
 
 #[cfg(test)]

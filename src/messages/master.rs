@@ -74,6 +74,13 @@ pub enum MasterMsg {
     /// The lease keeper could not renew the heartbeat for nearly a TTL:
     /// stop every job and drop every queued claim, writing nothing.
     SelfFence,
+    /// The heartbeat lands again after a self-fence. No peer takes over an
+    /// instance that is live, so the master recovers what the fence
+    /// dropped itself: once every fenced job has stopped, their executions
+    /// are recorded Failed `worker_lost` and their claims released, and
+    /// the occurrences run again. Replies `false` while a job is still
+    /// stopping (the lease keeper asks again at its next round).
+    RecoverAfterFence(RpcReplyPort<bool>),
     /// Panics inside the actor, for supervision tests and chaos drills.
     InjectPanic(String),
 }

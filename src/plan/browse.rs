@@ -127,7 +127,7 @@ fn ready_verdict(
         return ready(match row.retry_of {
             Some(occurrence) => format!(
                 "READY: attempt {} of the occurrence at {}",
-                row.failed_attempts + 1,
+                row.failed_attempts.saturating_add(1),
                 millis_to_utc(occurrence).to_rfc3339()
             ),
             None => "READY".to_string(),

@@ -12,7 +12,9 @@ use std::collections::{BTreeMap, HashMap};
 use uuid::Uuid;
 
 use super::resolve::{ResolveError, resolve_zone};
-use crate::model::{PlanData, PlanScope, RejectReason, RejectedRow};
+use crate::model::{
+    EARLIEST_TIME_MS, LATEST_TIME_MS, PlanData, PlanScope, RejectReason, RejectedRow,
+};
 use crate::schedule::CronSchedule;
 
 /// Table names as the database spells them, as [`RejectedRow::table`] holds them.
@@ -42,7 +44,8 @@ fn rejected(
 
 /// Takes out of `data` every row that decoded but cannot be scheduled: a
 /// rule or brand rule whose cron expression does not parse, a branch whose
-/// zone is not an IANA name, a branch rule with only one window bound.
+/// zone is not an IANA name, a branch rule with only one window bound or a
+/// time outside 1970–9999.
 /// Returns them, in table order.
 pub fn screen(data: &mut PlanData) -> Vec<RejectedRow> {
     let mut out = Vec::new();
@@ -105,6 +108,31 @@ pub fn screen(data: &mut PlanData) -> Vec<RejectedRow> {
         }
     });
     data.branch_rules.retain(|row| {
+        // Arithmetic on a time past these (a start offset, a lag) would
+        // overflow; the API never stores one.
+        let times = [
+            ("next_run_time", row.next_run_time),
+            ("last_run_time", row.last_run_time),
+            ("retry_of", row.retry_of),
+            ("lock_time", row.lock_time),
+        ];
+        for (field, time) in times {
+            if let Some(time) = time
+                && !(EARLIEST_TIME_MS..=LATEST_TIME_MS).contains(&time)
+            {
+                out.push(rejected(
+                    BRANCH_RULES,
+                    row.id,
+                    field,
+                    RejectReason::Decode,
+                    format!(
+                        "{field} {time} is outside the times ruled takes \
+                         (epoch ms {EARLIEST_TIME_MS} to {LATEST_TIME_MS}, 1970 to 9999)"
+                    ),
+                ));
+                return false;
+            }
+        }
         let missing = match (row.operation_time_from, row.operation_time_to) {
             (Some(_), None) => "operation_time_to",
             (None, Some(_)) => "operation_time_from",
@@ -321,6 +349,44 @@ mod tests {
         let mut clean = Fixture::due(0).data();
         assert!(screen(&mut clean).is_empty());
         assert_eq!(clean, Fixture::due(0).data());
+    }
+
+    #[test]
+    fn screen_takes_out_times_no_arithmetic_can_take() {
+        for (field, set) in [
+            (
+                "next_run_time",
+                (|f: &mut Fixture| f.branch_rule.next_run_time = Some(i64::MAX))
+                    as fn(&mut Fixture),
+            ),
+            ("last_run_time", |f| f.branch_rule.last_run_time = Some(-1)),
+            ("retry_of", |f| f.branch_rule.retry_of = Some(i64::MIN)),
+            ("lock_time", |f| {
+                f.branch_rule.lock_time = Some(LATEST_TIME_MS + 1)
+            }),
+        ] {
+            let mut fixture = Fixture::due(0);
+            set(&mut fixture);
+            let mut data = fixture.data();
+            let out = screen(&mut data);
+            assert_eq!(out.len(), 1, "{field}");
+            assert_eq!(
+                (out[0].field.as_str(), out[0].reason),
+                (field, RejectReason::Decode)
+            );
+            assert!(
+                out[0].message.contains("1970 to 9999"),
+                "{}",
+                out[0].message
+            );
+            assert!(data.branch_rules.is_empty(), "{field}");
+        }
+        let mut fixture = Fixture::due(LATEST_TIME_MS);
+        fixture.branch_rule.last_run_time = Some(EARLIEST_TIME_MS);
+        assert!(
+            screen(&mut fixture.data()).is_empty(),
+            "the bounds are times"
+        );
     }
 
     #[test]
