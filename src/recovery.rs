@@ -166,11 +166,19 @@ pub async fn take_over_silent(
     silence: Duration,
     now: Millis,
 ) -> Result<Vec<(String, Vec<Execution>)>, StoreError> {
-    let stale = store.stale_owners(silence.as_millis() as Millis).await?;
+    let silence_ms = silence.as_millis() as Millis;
+    let stale = store.stale_owners(silence_ms).await?;
     let mut taken = Vec::new();
     for owner in stale.into_iter().filter(|owner| owner != me) {
-        match store.recover_owner(&owner, now).await {
-            Ok(failed) => {
+        // Checked again inside the takeover's transaction: listed stale,
+        // the owner may have come back (a long pause, a slow network)
+        // before its locks were released.
+        match store.recover_silent_owner(&owner, silence_ms, now).await {
+            Ok(None) => info!(
+                instance_id = %owner,
+                "💓 Instance {owner} heartbeated again before its takeover; it keeps its work"
+            ),
+            Ok(Some(failed)) => {
                 warn!(
                     instance_id = %owner,
                     "🧹 Took over from silent instance {owner}: {} execution(s) failed worker_lost; their occurrences run again",

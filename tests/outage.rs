@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::rules::{YEARLY, insert_rule, step};
 use common::service::{start_service_with, without_delays};
-use common::{TestDb, eventually};
+use common::{TestDb, eventually, wait_for_execution};
 use ruled::actors::ask;
 use ruled::messages::{LeaseMsg, MasterMsg, PlanMsg};
 use ruled::model::ExecutionStatus;
@@ -121,13 +121,7 @@ async fn a_job_stopped_by_a_self_fence_runs_again_when_the_database_is_back() {
     let store = service.store();
     let now = chrono::Utc::now().timestamp_millis();
     let id = insert_rule(store, YEARLY, now, &[step("sleep", json!({"ms": 4_000}))]).await;
-    eventually(DEADLINE, "the job is running", || async {
-        store
-            .executions_for(id)
-            .await
-            .is_ok_and(|runs| runs.iter().any(|e| e.status == ExecutionStatus::Running))
-    })
-    .await;
+    wait_for_execution(store, id, ExecutionStatus::Running, DEADLINE).await;
 
     let outage = db.outage().await;
     let lease = service.directory().lease().unwrap();
@@ -139,17 +133,8 @@ async fn a_job_stopped_by_a_self_fence_runs_again_when_the_database_is_back() {
     .await;
     outage.restore().await;
 
-    eventually(
-        DEADLINE,
-        "the occurrence ran again and completed",
-        || async {
-            store
-                .executions_for(id)
-                .await
-                .is_ok_and(|runs| runs.iter().any(|e| e.status == ExecutionStatus::Completed))
-        },
-    )
-    .await;
+    // The occurrence ran again and completed.
+    wait_for_execution(store, id, ExecutionStatus::Completed, DEADLINE).await;
     let runs = store.executions_for(id).await.unwrap();
     assert_eq!(runs.len(), 2, "{runs:?}");
     let stopped = runs

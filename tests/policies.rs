@@ -34,7 +34,7 @@ use common::rules::{
     RuleOptions, YEARLY, insert_many_rules, insert_rule_with, policy, step, yearly_after,
 };
 use common::service::{start_service_on_clock, start_service_with, without_delays};
-use common::{TestDb, eventually};
+use common::{TestDb, eventually, wait_for_execution};
 use ruled::actors::ask;
 use ruled::clock::Clock;
 use ruled::config::Config;
@@ -1591,15 +1591,12 @@ both_backends!(
         let noop = [step("noop", json!({}))];
         let id = insert_rule_with(&store, "* * * * *", 0, &noop, &RuleOptions::default()).await;
         let running = start_service_with(&db.url, without_delays).await;
-        eventually(
+        // The latest occurrence runs at once.
+        wait_for_execution(
+            &store,
+            id,
+            ExecutionStatus::Completed,
             Duration::from_secs(30),
-            "the latest occurrence ran",
-            || async {
-                store
-                    .executions_for(id)
-                    .await
-                    .is_ok_and(|runs| runs.iter().any(|e| e.status == ExecutionStatus::Completed))
-            },
         )
         .await;
         let runs = store.executions_for(id).await.unwrap();

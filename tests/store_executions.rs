@@ -1021,7 +1021,31 @@ both_backends!(
         // A negative silence counts everyone who holds something.
         assert_eq!(store.stale_owners(-1).await.unwrap(), ["a", "c"]);
 
-        store.recover_owner("a", T0 + TIMEOUT + 100).await.unwrap();
+        // Listed stale, then back before the takeover ran: the takeover
+        // checks again in its own transaction and leaves a's work alone.
+        assert!(store.heartbeat("a", T0).await.unwrap().is_some());
+        assert_eq!(
+            store
+                .recover_silent_owner("a", 60_000, T0 + TIMEOUT + 100)
+                .await
+                .unwrap(),
+            None
+        );
+        assert_eq!(
+            store.stale_owners(-1).await.unwrap(),
+            ["a", "c"],
+            "a keeps its lock"
+        );
+        store
+            .execute_sql("UPDATE instances SET heartbeat_at = 0 WHERE id = 'a'")
+            .await
+            .unwrap();
+        let failed = store
+            .recover_silent_owner("a", 60_000, T0 + TIMEOUT + 100)
+            .await
+            .unwrap()
+            .expect("a is silent again: taken over");
+        assert_eq!(failed.len(), 1, "{failed:?}");
         assert!(store.stale_owners(60_000).await.unwrap().is_empty());
     }
 );

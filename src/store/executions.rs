@@ -173,6 +173,28 @@ const RELEASE_OWNER_LOCKS: &str = concat!(
     " WHERE lock_holder = $1"
 );
 
+/// The owner's `instances` row, if it is still silent (`$2` ms on the
+/// database's clock). PostgreSQL locks it until the takeover commits;
+/// SQLite's write transaction already excludes every other writer.
+macro_rules! still_silent_sql {
+    ($now:literal) => {
+        concat!(
+            "SELECT id FROM instances WHERE id = $1 AND heartbeat_at < ",
+            $now,
+            " - $2"
+        )
+    };
+}
+macro_rules! still_silent_locked_sql {
+    ($now:literal) => {
+        concat!(still_silent_sql!($now), " FOR UPDATE")
+    };
+}
+const STILL_SILENT: super::leases::DbSql = super::leases::DbSql {
+    sqlite: super::leases::on_each_clock!(still_silent_sql).sqlite,
+    postgres: super::leases::on_each_clock!(still_silent_locked_sql).postgres,
+};
+
 pub(super) const FAIL_OWNER_EXECUTIONS: &str = concat!(
     "UPDATE executions SET status = 'failed', error = $3, finished_at = $2, updated_at = $2 \
      WHERE owner = $1 AND ",
@@ -417,8 +439,50 @@ impl Store {
         holder: &str,
         now: Millis,
     ) -> Result<Vec<Execution>, StoreError> {
+        Ok(self
+            .recover_owner_guarded(holder, None, now)
+            .await?
+            .unwrap_or_default())
+    }
+
+    /// [`Store::recover_owner`] for a takeover: only if `holder` is still
+    /// silent for `silence_ms` on the database's clock when the
+    /// transaction runs (`None` otherwise, and nothing is changed). Its
+    /// `instances` row is locked first, so its heartbeat cannot land
+    /// between the check and the release: an owner that came back after
+    /// it was listed stale keeps what it holds.
+    pub async fn recover_silent_owner(
+        &self,
+        holder: &str,
+        silence_ms: Millis,
+        now: Millis,
+    ) -> Result<Option<Vec<Execution>>, StoreError> {
+        self.recover_owner_guarded(holder, Some(silence_ms), now)
+            .await
+    }
+
+    async fn recover_owner_guarded(
+        &self,
+        holder: &str,
+        silent_for_ms: Option<Millis>,
+        now: Millis,
+    ) -> Result<Option<Vec<Execution>>, StoreError> {
         macro_rules! recover {
-            ($tx:ident) => {{
+            ($tx:ident, $still_silent:expr) => {{
+                if let Some(silence_ms) = silent_for_ms {
+                    let silent: Option<String> = sqlx::query_scalar($still_silent)
+                        .bind(holder)
+                        .bind(silence_ms)
+                        .fetch_optional(&mut *$tx)
+                        .await
+                        .map_err(StoreError::query("check owner still silent"))?;
+                    if silent.is_none() {
+                        $tx.rollback()
+                            .await
+                            .map_err(StoreError::query("rollback recover_owner"))?;
+                        return Ok(None);
+                    }
+                }
                 execute_on!(
                     &mut *$tx,
                     "release owner locks",
@@ -438,20 +502,20 @@ impl Store {
                 $tx.commit()
                     .await
                     .map_err(StoreError::query("commit recover_owner"))?;
-                Ok(failed)
+                Ok(Some(failed))
             }};
         }
         match self {
             Store::Sqlite(pool) => {
                 let mut tx = super::claims::begin_sqlite_write(pool, "begin recover_owner").await?;
-                recover!(tx)
+                recover!(tx, STILL_SILENT.sqlite)
             }
             Store::Postgres(pool) => {
                 let mut tx = pool
                     .begin()
                     .await
                     .map_err(StoreError::query("begin recover_owner"))?;
-                recover!(tx)
+                recover!(tx, STILL_SILENT.postgres)
             }
         }
     }

@@ -273,6 +273,26 @@ where
     }
 }
 
+/// Waits until branch rule `id` has an execution in `status`.
+pub async fn wait_for_execution(
+    store: &Store,
+    id: Uuid,
+    status: ruled::model::ExecutionStatus,
+    deadline: Duration,
+) {
+    eventually(
+        deadline,
+        &format!("an execution of {id} is {status:?}"),
+        || async {
+            store
+                .executions_for(id)
+                .await
+                .is_ok_and(|runs| runs.iter().any(|e| e.status == status))
+        },
+    )
+    .await;
+}
+
 /// A database made unavailable to the service under test, until
 /// [`Outage::restore`].
 pub enum Outage {
