@@ -1046,6 +1046,15 @@ both_backends!(
     |db: TestDb| async move {
         let (running, api) = start(&db, |c| c).await;
         let f = fixture(&api).await;
+        // A second rule on the template, whose param is secret only by the
+        // template's secret_keys: with the config unreadable, every param
+        // of its details is masked.
+        let secret_by_template = branch_rule(
+            &api,
+            &f,
+            json!({"action_details": [{"action_template_id": f.template, "params": {"order_ref": "o-s3cret"}}]}),
+        )
+        .await;
         let branch_rule = branch_rule(
             &api,
             &f,
@@ -1057,7 +1066,7 @@ both_backends!(
         // a secret in it that no masking could find in broken text.
         for sql in [
             format!(
-                "UPDATE action_templates SET config = '{{\"api_key\": \"k-s3cret\"' WHERE id = '{}'",
+                "UPDATE action_templates SET config = '{{\"api_key\": \"k-s3cret\", \"secret_keys\": [\"order_ref\"]' WHERE id = '{}'",
                 f.template
             ),
             format!(
@@ -1079,6 +1088,8 @@ both_backends!(
             "/api/v1/branch-rules".to_string(),
             format!("/api/v1/branch-rules/{branch_rule}"),
             format!("/api/v1/branch-rules/{branch_rule}/action-details"),
+            format!("/api/v1/branch-rules/{secret_by_template}"),
+            format!("/api/v1/branch-rules/{secret_by_template}/action-details"),
         ] {
             let reply = api.get(&path).await;
             assert_eq!(reply.status, StatusCode::OK, "{path}: {}", reply.text);
@@ -1211,6 +1222,15 @@ both_backends!(
             )
             .await;
         assert_eq!(moved.status, StatusCode::OK, "{}", moved.text);
+        // Or moved back with its brand rule cleared: `null` clears it.
+        let moved = api
+            .put(
+                &format!("/api/v1/branch-rules/{created}"),
+                &json!({"rule_id": f.rule, "brand_rule_id": null}),
+            )
+            .await;
+        assert_eq!(moved.status, StatusCode::OK, "{}", moved.text);
+        assert_eq!(moved.json["brand_rule_id"], Value::Null, "{}", moved.text);
         running.service.shutdown("test").await.unwrap();
     }
 );

@@ -43,8 +43,8 @@ use crate::model::Millis;
 use crate::recovery;
 use crate::store::{Backend, Store, StoreError};
 
-/// The least a heartbeat is given, even past the fence deadline: a
-/// fenced instance still needs one to land to rejoin.
+/// The least a heartbeat is given as the fence deadline nears: one that
+/// cannot land in time is still worth a try.
 const MIN_HEARTBEAT_WAIT_MS: Millis = 500;
 
 pub struct LeaseActor;
@@ -207,8 +207,15 @@ impl LeaseState {
     /// third of the TTL at most): a database that does not answer, a
     /// connection into a black hole, must not hold the fence back.
     async fn heartbeat_in_time(&mut self, sent_at: Millis) -> bool {
-        let until_fence = (self.fence_deadline() - sent_at).max(MIN_HEARTBEAT_WAIT_MS);
-        let limit = Duration::from_millis(until_fence as u64).min(self.ttl() / 3);
+        // Fenced, there is no deadline left to keep, and a heartbeat after
+        // an outage may need a new connection, slow to open: it gets the
+        // full third of the TTL.
+        let limit = if self.fenced {
+            self.ttl() / 3
+        } else {
+            let until_fence = (self.fence_deadline() - sent_at).max(MIN_HEARTBEAT_WAIT_MS);
+            Duration::from_millis(until_fence as u64).min(self.ttl() / 3)
+        };
         match tokio::time::timeout(limit, self.heartbeat(sent_at)).await {
             Ok(landed) => landed,
             Err(_) => {
@@ -295,6 +302,7 @@ impl LeaseState {
                 .increment(held as u64);
         }
         self.ownership = Ownership::none(self.args.config.partition_count);
+        self.publish();
         error!(
             "🚧 No heartbeat for {} ms: this instance's peers may take it over; stopping its jobs and claiming nothing until the database answers",
             now - since

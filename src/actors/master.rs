@@ -77,6 +77,9 @@ pub struct MasterState {
     drain: Option<Drain>,
     /// Set while the memory guard holds new work back.
     throttled: bool,
+    /// Set by a self-fence, until the recovery after it: a claim that
+    /// comes back meanwhile is dropped, not queued.
+    fenced: bool,
 }
 
 impl Actor for MasterActor {
@@ -127,6 +130,7 @@ impl Actor for MasterActor {
             started: false,
             drain: None,
             throttled,
+            fenced: false,
         };
         state.schedule_tick(&myself, grace);
         state.publish_gauges();
@@ -239,7 +243,7 @@ impl MasterState {
     /// result landed is terminal and left alone; the others run again as a
     /// new attempt once the grace period is over.
     async fn recover_after_restart(&mut self) {
-        self.recover_own_jobs("Master restarted", "the previous master")
+        self.recover_own_jobs("Master restarted", "the previous master", false)
             .await;
     }
 
@@ -248,18 +252,35 @@ impl MasterState {
     /// stopped and the claims it dropped, all unwritten. While the fence
     /// held, this instance owned no partition and claimed nothing new.
     async fn recover_after_fence(&mut self) -> bool {
-        if self.pool.busy_len() > 0 || !self.claiming.is_empty() || !self.recording.is_empty() {
+        if self.pool.busy_len() > 0
+            || !self.claiming.is_empty()
+            || !self.recording.is_empty()
+            || self.queue.queued_len() > 0
+        {
             return false;
         }
-        self.recover_own_jobs("Rejoined after a self-fence", "the fence")
+        let recovered = self
+            .recover_own_jobs("Rejoined after a self-fence", "the fence", true)
             .await;
-        true
+        if recovered {
+            self.fenced = false;
+        }
+        recovered
     }
 
     /// Records this instance's open executions Failed `worker_lost` and
     /// releases its claims, after the writes already queued and the
-    /// outbox's results have landed.
-    async fn recover_own_jobs(&mut self, event: &str, stopped_by: &str) {
+    /// outbox's results have landed. With `all_or_nothing`, nothing is
+    /// declared lost unless the outbox was delivered whole first (a result
+    /// still in it is a real outcome, and its action must not run again),
+    /// and `false` says to try again later; otherwise the recovery goes on
+    /// whatever the outbox did, as a restarted master's must.
+    async fn recover_own_jobs(
+        &mut self,
+        event: &str,
+        stopped_by: &str,
+        all_or_nothing: bool,
+    ) -> bool {
         let args = &self.args;
         let instance_id = &args.config.instance_id;
         let now = args.clock.now_ms();
@@ -269,8 +290,13 @@ impl MasterState {
         args.batcher.barrier(instance_id, now).await;
         // Results kept in the outbox are real outcomes: they land before
         // the rest is declared lost.
-        if let Some(refresher) = args.directory.refresher() {
-            let _ = ask(&refresher, RefresherMsg::DeliverOutbox).await;
+        let undelivered = match args.directory.refresher() {
+            Some(refresher) => ask(&refresher, RefresherMsg::DeliverOutbox).await.ok(),
+            None => None,
+        };
+        if all_or_nothing && undelivered != Some(0) {
+            info!("{event}: waiting for the outbox's results to land before recovering");
+            return false;
         }
         match recovery::recover_own(&args.store, instance_id, now).await {
             Ok(lost) => {
@@ -286,6 +312,9 @@ impl MasterState {
                 // the occurrences are claimed again then.
                 metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "recover_owner").increment(1);
                 warn!("{event}; the jobs stopped by {stopped_by} could not be recovered: {e}");
+                if all_or_nothing {
+                    return false;
+                }
             }
         }
         if let Some(plan) = args.directory.plan() {
@@ -294,6 +323,7 @@ impl MasterState {
         if let Some(refresher) = args.directory.refresher() {
             let _ = refresher.cast(RefresherMsg::RefreshNow);
         }
+        true
     }
 
     /// Arms the wake-up timer for `after` from now, unless an earlier one is
@@ -545,6 +575,13 @@ impl MasterState {
             if self.drain.is_some() {
                 self.release(&job, "cancelled at shutdown before the handoff")
                     .await;
+                continue;
+            }
+            // A claim that was on its way when the fence came: it is
+            // dropped unwritten like the queued ones, and the recovery
+            // after the fence records it lost and releases it.
+            if self.fenced {
+                debug!(branch_rule_id = %id, %execution_id, "Claim dropped: this instance is fenced");
                 continue;
             }
             let due = job.spec.branch_rule.next_run_time;
@@ -989,6 +1026,7 @@ impl MasterState {
     /// dropped, all unwritten: the fences would refuse the writes, and the
     /// peer that takes over records these attempts.
     fn self_fence(&mut self) {
+        self.fenced = true;
         let now = self.args.clock.now_ms();
         let queued = self.queue.drain_queued();
         for (id, _) in &queued {

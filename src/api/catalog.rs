@@ -83,6 +83,14 @@ fn policy_object<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Po
     Option::<ObjectOnly<Policy>>::deserialize(deserializer).map(|p| p.map(|p| p.0))
 }
 
+/// A field of an update whose `null` means something (clear it): left out
+/// is `None`, `null` is `Some(None)`.
+fn null_clears<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+    deserializer: D,
+) -> Result<Option<Option<T>>, D::Error> {
+    Option::<T>::deserialize(deserializer).map(Some)
+}
+
 /// A `policy` of an update, whose `null` means something (clear it): left
 /// out is `None`, `null` is `Some(None)`.
 fn nullable_policy<'de, D: Deserializer<'de>>(
@@ -289,7 +297,7 @@ fn check_brand_rule_fits(
         )));
     }
     let (brand, branch_brand) = (text(brand_rule, "brand_id"), text(branch, "brand_id"));
-    if brand != branch_brand {
+    if !brand.eq_ignore_ascii_case(&branch_brand) {
         return Err(ApiError::Conflict(format!(
             "brand_rule_id: brand rule {id} is brand {brand}'s, and branch {} is brand {branch_brand}'s",
             text(branch, "id")
@@ -1200,8 +1208,9 @@ pub struct BranchRuleCreate {
     action_details: Option<Vec<ActionDetailCreate>>,
 }
 
-/// Fields left out (or `null`) keep their stored values, except `policy`,
-/// which `null` clears; the window is changed as a pair.
+/// Fields left out (or `null`) keep their stored values, except `policy`
+/// and `brand_rule_id`, which `null` clears; the window is changed as a
+/// pair.
 #[derive(Debug, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BranchRuleUpdate {
@@ -1209,8 +1218,15 @@ pub struct BranchRuleUpdate {
     branch_id: Option<Uuid>,
     #[serde(skip_serializing_if = "Option::is_none")]
     rule_id: Option<Uuid>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    brand_rule_id: Option<Uuid>,
+    /// `null` clears it: the rule's own expression applies again (needed
+    /// to move a branch rule to a rule or brand its brand rule is not of).
+    #[serde(
+        default,
+        deserialize_with = "null_clears",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schema(value_type = Option<Uuid>)]
+    brand_rule_id: Option<Option<Uuid>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     is_active: Option<bool>,
     #[serde(
@@ -1506,7 +1522,14 @@ async fn masked_by_templates(state: &ApiState, details: &mut [ActionDetail]) -> 
 /// The templates' configs one response has read, by template id, so that a
 /// listing reads each template once; `None` for a template that is gone.
 #[derive(Default)]
-struct TemplateConfigs(HashMap<String, Option<Value>>);
+struct TemplateConfigs(HashMap<String, Option<TemplateConfig>>);
+
+enum TemplateConfig {
+    Read(Value),
+    /// Not JSON (written with SQL): its `secret_keys` cannot be read, so
+    /// every param of its details is masked.
+    Unreadable,
+}
 
 impl TemplateConfigs {
     async fn mask(&mut self, state: &ApiState, details: &mut [ActionDetail]) -> ApiResult<()> {
@@ -1518,16 +1541,40 @@ impl TemplateConfigs {
                         .store()
                         .row(&ACTION_TEMPLATES, uuid)
                         .await?
-                        .and_then(|mut row| row.remove("config")),
+                        .map(|mut row| {
+                            if row.contains_key("config_error") {
+                                TemplateConfig::Unreadable
+                            } else {
+                                TemplateConfig::Read(row.remove("config").unwrap_or(Value::Null))
+                            }
+                        }),
                     Err(_) => None,
                 };
                 self.0.insert(id.clone(), config);
             }
-            if let Some(config) = &self.0[id] {
-                detail.params = secrets::redact_params(&detail.params, Some(config));
+            match &self.0[id] {
+                Some(TemplateConfig::Read(config)) => {
+                    detail.params = secrets::redact_params(&detail.params, Some(config));
+                }
+                Some(TemplateConfig::Unreadable) => {
+                    detail.params = mask_every_value(&detail.params)
+                }
+                None => {}
             }
         }
         Ok(())
+    }
+}
+
+/// `params` with every value shown as `***`, its keys kept.
+fn mask_every_value(params: &Value) -> Value {
+    match params {
+        Value::Object(map) => Value::Object(
+            map.keys()
+                .map(|key| (key.clone(), Value::String(secrets::MASK.into())))
+                .collect(),
+        ),
+        _ => Value::String(secrets::MASK.into()),
     }
 }
 
@@ -1679,9 +1726,11 @@ pub async fn update_branch_rule(
     // The brand rule, branch and rule the update leaves must still fit
     // together, when it changes any of them.
     let brand_rule = match input.brand_rule_id {
-        Some(brand_rule) => {
+        Some(Some(brand_rule)) => {
             Some(live_parent(&s, &BRAND_RULES, "brand rule", "brand_rule_id", brand_rule).await?)
         }
+        // Cleared: nothing left to fit.
+        Some(None) => None,
         None if branch.is_some() || input.rule_id.is_some() => {
             match stored.get("brand_rule_id").and_then(Value::as_str) {
                 Some(stored_id) => {

@@ -32,15 +32,9 @@ use crate::schedule::{
 pub const MISFIRE_THRESHOLD_MS: Millis = 60_000;
 
 /// At most this many occurrences are sorted by one decision, so a rule
-/// that missed a year of minutes (or whose next_run_time an operator set
-/// to 1970) costs bounded work and one bounded write. When more are due,
-/// the latest of them are sorted one by one and every older one is
-/// recorded in a single skipped execution (see [`decide_due`]).
+/// that missed a year of minutes costs bounded work and one bounded write
+/// per decision; the rest are sorted by the next ones.
 pub const MAX_OCCURRENCES_PER_DECISION: usize = 1_000;
-
-/// The first span [`latest_due`] looks back over, doubled until it holds
-/// enough occurrences.
-const FIRST_LOOK_BACK_MS: Millis = 3_600_000;
 
 /// A branch rule's schedule as the decisions need it.
 #[derive(Debug, Clone, Copy)]
@@ -106,44 +100,6 @@ fn due_from(cadence: &Cadence<'_>, first: Option<Millis>, now: Millis, limit: us
     count
 }
 
-/// The latest `keep` occurrences due at `now`, oldest first, of a rule
-/// with more than that due since `first`. Found by looking back from
-/// `now` over a span doubled until it holds more than `keep`, not by
-/// counting forward from `first`: a minutely rule whose next_run_time is
-/// 1970 has 29 million occurrences due, and the work stays a few thousand
-/// steps whatever the backlog.
-fn latest_due(cadence: &Cadence<'_>, first: Millis, now: Millis, keep: usize) -> Vec<Millis> {
-    let mut span = FIRST_LOOK_BACK_MS;
-    let from = loop {
-        let from = now.saturating_sub(span);
-        if from <= first {
-            break first;
-        }
-        let first_in_span = cadence.next_after(from - 1);
-        if due_from(cadence, first_in_span, now, keep + 1) > keep {
-            break from;
-        }
-        span = span.saturating_mul(2);
-    };
-    let mut latest = std::collections::VecDeque::with_capacity(keep + 1);
-    let mut upcoming = if from == first {
-        Some(first)
-    } else {
-        cadence.next_after(from - 1)
-    };
-    while let Some(at) = upcoming {
-        if cadence.start_of(at) > now {
-            break;
-        }
-        if latest.len() == keep {
-            latest.pop_front();
-        }
-        latest.push_back(at);
-        upcoming = cadence.next_after(at);
-    }
-    latest.into()
-}
-
 /// Sorts the due occurrences of a ready rule, from `next_run_time` up to
 /// `now`, by its misfire policy and catch-up window. A pending retry
 /// (`retry_of`) is not a cron occurrence: it runs as it stands.
@@ -188,46 +144,37 @@ pub fn decide_due(
             SkipReason::Misfire
         }
     };
-    // More due than one decision sorts: the latest are sorted one by one
-    // (no policy runs an older one: run_once and skip run the latest,
-    // run_all at most the latest 1,000), and every occurrence before them
-    // is recorded in one skipped execution, at the first one's time.
-    let mut older_than_due = None;
-    if upcoming.is_some_and(|at| cadence.start_of(at) <= now) {
-        due = latest_due(cadence, next_run_time, now, MAX_OCCURRENCES_PER_DECISION);
-        upcoming = due.last().and_then(|at| cadence.next_after(*at));
-        older_than_due = due.first().copied();
-    }
+    let more_due = upcoming.is_some_and(|at| cadence.start_of(at) <= now);
     let candidates: Vec<Millis> = due.iter().copied().filter(|at| !expired(*at)).collect();
-    let run = match policy.misfire {
-        Misfire::RunOnce => candidates.last().copied(),
-        Misfire::Skip => candidates
-            .last()
-            .copied()
-            .filter(|at| lateness(*at) <= MISFIRE_THRESHOLD_MS),
-        Misfire::RunAll => {
-            let keep = candidates.len().min(policy.catchup_max as usize);
-            candidates.get(candidates.len() - keep).copied()
+    let run = if more_due {
+        match policy.misfire {
+            // The latest `catchup_max` run: those of this step among them
+            // (fewer than that are due after it) stay, and the first of
+            // them runs. Counting on stops at `catchup_max` (at most 1,000).
+            Misfire::RunAll => {
+                let catchup_max = policy.catchup_max as usize;
+                let later = due_from(cadence, upcoming, now, catchup_max);
+                let keep = catchup_max.saturating_sub(later).min(candidates.len());
+                candidates.get(candidates.len() - keep).copied()
+            }
+            // Past the per-decision bound: these are all older than what
+            // is still due, so none of them is the one to run.
+            Misfire::RunOnce | Misfire::Skip => None,
+        }
+    } else {
+        match policy.misfire {
+            Misfire::RunOnce => candidates.last().copied(),
+            Misfire::Skip => candidates
+                .last()
+                .copied()
+                .filter(|at| lateness(*at) <= MISFIRE_THRESHOLD_MS),
+            Misfire::RunAll => {
+                let keep = candidates.len().min(policy.catchup_max as usize);
+                candidates.get(candidates.len() - keep).copied()
+            }
         }
     };
     let mut skipped = Vec::new();
-    if let Some(before) = older_than_due {
-        let reason = if expired(next_run_time) {
-            SkipReason::CatchupWindow
-        } else {
-            SkipReason::Misfire
-        };
-        skipped.push(SkippedOccurrence {
-            scheduled_for: next_run_time,
-            reason,
-            detail: format!(
-                "missed with every later occurrence before {}: more than {} behind, they are recorded as this one; misfire {}",
-                rfc3339(before),
-                MAX_OCCURRENCES_PER_DECISION,
-                policy.misfire.as_str()
-            ),
-        });
-    }
     for &at in due.iter().take_while(|at| Some(**at) != run) {
         let (reason, detail) = if expired(at) {
             (
@@ -657,56 +604,29 @@ mod tests {
     }
 
     #[test]
-    fn a_long_outage_is_sorted_in_one_bounded_decision() {
+    fn a_long_outage_is_sorted_in_bounded_steps() {
         let schedule = CronSchedule::parse("* * * * *").unwrap();
         let policy = EffectivePolicy::default();
         let now = at(1, 0) + 30 * 24 * 3_600_000;
-        let decision = decide_due(&cadence(&schedule, &policy, None), at(1, 0), None, now);
-        // One decision: the latest runs, the 999 before it are skipped one
-        // by one, and the 42,201 before those in one row.
-        let latest = now - now % 60_000;
-        assert_eq!(decision.run, Some(latest));
-        assert_eq!(decision.next_run_time, Some(latest));
-        assert_eq!(decision.skipped.len(), MAX_OCCURRENCES_PER_DECISION);
-        let older = &decision.skipped[0];
-        assert_eq!(older.scheduled_for, at(1, 0));
-        assert_eq!(older.reason, SkipReason::Misfire);
-        let first_sorted = latest - 999 * 60_000;
-        assert!(
-            older.detail.contains(&rfc3339(first_sorted)),
-            "{}",
-            older.detail
-        );
-        assert_eq!(decision.skipped[1].scheduled_for, first_sorted);
-    }
-
-    /// A next_run_time an operator set to 1970 on a minutely rule: 29
-    /// million occurrences due, sorted in one bounded decision, the latest
-    /// run now.
-    #[test]
-    fn a_next_run_time_decades_old_is_sorted_in_one_bounded_decision() {
-        let schedule = CronSchedule::parse("* * * * *").unwrap();
-        let now = at(1, 0);
-        for misfire in [Misfire::RunOnce, Misfire::Skip, Misfire::RunAll] {
-            let policy = EffectivePolicy {
-                misfire,
-                catchup_max: 3,
-                ..EffectivePolicy::default()
-            };
-            let decision = decide_due(&cadence(&schedule, &policy, None), 0, None, now);
-            assert!(decision.skipped.len() <= MAX_OCCURRENCES_PER_DECISION + 1);
-            assert_eq!(decision.skipped[0].scheduled_for, 0, "{misfire:?}");
-            let expected = match misfire {
-                Misfire::RunOnce | Misfire::Skip => now,
-                Misfire::RunAll => now - 2 * 60_000,
-            };
-            assert_eq!(decision.run, Some(expected), "{misfire:?}");
+        let first = decide_due(&cadence(&schedule, &policy, None), at(1, 0), None, now);
+        assert_eq!(first.run, None);
+        assert_eq!(first.skipped.len(), MAX_OCCURRENCES_PER_DECISION);
+        let mut next = first.next_run_time.unwrap();
+        let mut steps = 1;
+        loop {
+            let decision = decide_due(&cadence(&schedule, &policy, None), next, None, now);
+            steps += 1;
+            if let Some(run) = decision.run {
+                assert_eq!(run, now - now % 60_000);
+                break;
+            }
+            next = decision.next_run_time.unwrap();
         }
+        assert_eq!(steps, 44);
     }
 
-    /// More missed than one decision sorts: run_all still runs the latest
-    /// `catchup_max`, and every occurrence is recorded, the oldest in one
-    /// row.
+    /// More missed than one step sorts: run_all still runs the latest
+    /// `catchup_max`, even when some of them are in the first step.
     #[test]
     fn run_all_runs_the_latest_catchup_max_across_bounded_steps() {
         let schedule = CronSchedule::parse("* * * * *").unwrap();
@@ -738,12 +658,7 @@ mod tests {
                 .map(|n| first + n as Millis * 60_000)
                 .collect();
             assert_eq!(ran, latest, "catchup_max {catchup_max}, {missed} missed");
-            // The occurrences older than the latest 1,000 share one row.
-            let older = missed.saturating_sub(MAX_OCCURRENCES_PER_DECISION);
-            assert_eq!(
-                skipped + older.saturating_sub(1),
-                missed - catchup_max as usize
-            );
+            assert_eq!(skipped, missed - catchup_max as usize);
         }
     }
 

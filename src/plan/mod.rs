@@ -175,7 +175,8 @@ pub struct ExecutionPlan {
     action_details: HashMap<Uuid, Vec<ActionDetail>>,
     merge_generation: u64,
     /// Set when the last read hit PLAN_ACTION_DETAILS_CAP: the branch rule
-    /// the cut fell on. Rules from it on have no (or partial) cached details.
+    /// the cut fell in. Only the rules whose details the read holds, less
+    /// this one, are cached whole.
     action_details_cut_at: Option<Uuid>,
     /// Undelivered post-process writes, oldest first.
     outbox: Vec<OutboxEntry>,
@@ -382,9 +383,14 @@ impl ExecutionPlan {
     }
 
     /// Whether the cache holds every action detail of `branch_rule_id`.
+    /// After a cut read, only the rules whose details it read, less the one
+    /// it stopped in: the read's order is the database's text order, which
+    /// is not the ids' order once an id was written in upper case, so no
+    /// comparison with the cut can tell which rules came before it.
     pub fn has_all_action_details(&self, branch_rule_id: &Uuid) -> bool {
-        self.action_details_cut_at
-            .is_none_or(|cut| *branch_rule_id < cut)
+        self.action_details_cut_at.is_none_or(|cut| {
+            *branch_rule_id != cut && self.action_details.contains_key(branch_rule_id)
+        })
     }
 
     /// The cached action details of a branch rule, in position order.

@@ -83,15 +83,26 @@ macro_rules! load_all {
             }
         };
         let rejected_before = $sifted.rejected.len();
+        // The branch rule of the last row read, decoded or not: where a cut
+        // read stopped, in the database's own order.
+        let last_rule = std::cell::RefCell::new(None);
         let action_details = sift_on!(
             &mut *$tx,
             "load action_details",
-            decode_action_detail,
+            |row| {
+                *last_rule.borrow_mut() = Some(row.text("branch_rule_id").ok().flatten());
+                decode_action_detail(row)
+            },
             $sifted,
             SELECT_ACTION_DETAILS_CAPPED,
             $cap
         )?;
-        let action_details_cut = $sifted.cut_of_details(&action_details, rejected_before, $cap);
+        let action_details_cut = $sifted.cut_of_details(
+            &action_details,
+            rejected_before,
+            last_rule.into_inner().flatten(),
+            $cap,
+        );
         PlanData {
             scope,
             brands: sift_on!(
@@ -140,28 +151,27 @@ struct Sifted {
 
 impl Sifted {
     /// Where the capped read of action details stopped, if the cap cut it:
-    /// the branch rule of the last row read. Rows that did not decode count
-    /// too (they were read, and took a place under the cap): counting only
-    /// the decoded ones would miss the cut and give the rules past it no
-    /// steps at all. A rejected row whose branch rule id is unreadable
-    /// cannot be placed, so the cut may come earlier than the truth, which
-    /// only sends more rules to read their steps from the database.
+    /// the branch rule of the last row read (`last_rule`, as stored).
+    /// Rows that did not decode count too (they were read, and took a
+    /// place under the cap): counting only the decoded ones would miss the
+    /// cut and give the rules past it no steps at all. When the last row's
+    /// rule id is not a UUID, the last decoded row's rule stands in: the
+    /// cut then excludes that rule too, which only sends it to read its
+    /// steps from the database.
     fn cut_of_details(
         &self,
         decoded: &[ActionDetail],
         rejected_before: usize,
+        last_rule: Option<String>,
         cap: i64,
     ) -> Option<Uuid> {
-        let rejected = &self.rejected[rejected_before..];
-        let read = decoded.len() + rejected.len();
+        let read = decoded.len() + self.rejected.len() - rejected_before;
         if (read as i64) < cap {
             return None;
         }
-        decoded
-            .iter()
-            .map(|detail| detail.branch_rule_id)
-            .chain(rejected.iter().filter_map(|row| row.branch_rule_id))
-            .max()
+        last_rule
+            .and_then(|text| Uuid::parse_str(&text).ok())
+            .or_else(|| decoded.last().map(|detail| detail.branch_rule_id))
     }
 
     /// Decodes one row; a row that does not decode is set aside as a
