@@ -116,6 +116,7 @@ pub const DB_ERROR_OPS: &[&str] = &[
     "action_steps",
     "claim",
     "finish",
+    "finish_row",
     "cancel_requests",
     "heartbeat",
     "leases",

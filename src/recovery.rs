@@ -20,7 +20,7 @@ use crate::cluster::{self, InstanceIdVerdict, InstanceSeen};
 use crate::config::{Config, hostname};
 use crate::model::{Execution, Millis};
 use crate::persist::read_plan_file;
-use crate::store::{Backend, Store, StoreError};
+use crate::store::{Backend, Released, Store, StoreError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RecoveryError {
@@ -100,9 +100,13 @@ pub async fn recover_at_start(
 ) -> Result<(), RecoveryError> {
     if let Ok(Some(snapshot)) = read_plan_file(&config.plan_file) {
         for entry in &snapshot.outbox {
-            match store.finish(&entry.fence, &entry.finish).await? {
-                Some(_) => {
+            match store.finish_released(&entry.fence, &entry.finish).await? {
+                Some(Released::Row(_)) => {
                     info!(execution_id = %entry.fence.execution_id, "📬 Delivered a result kept in the outbox")
+                }
+                // The plan reads the row afresh and quarantines it.
+                Some(Released::Unreadable(problem)) => {
+                    warn!(execution_id = %entry.fence.execution_id, "📬 Delivered a result kept in the outbox; its branch rule no longer reads: {problem}")
                 }
                 None => {
                     warn!(execution_id = %entry.fence.execution_id, "📮 Outbox entry fenced out")

@@ -34,7 +34,7 @@ use common::rules::{
     RuleOptions, YEARLY, insert_many_rules, insert_rule_with, policy, step, yearly_after,
 };
 use common::service::{start_service_on_clock, start_service_with, without_delays};
-use common::{TestDb, eventually};
+use common::{TestDb, eventually, wait_for_execution};
 use ruled::actors::ask;
 use ruled::clock::Clock;
 use ruled::config::Config;
@@ -1577,5 +1577,51 @@ both_backends!(
             db.backend,
             began.elapsed()
         );
+    }
+);
+
+both_backends!(
+    a_next_run_time_of_1970_runs_the_latest_occurrence_at_once_with_one_row_for_the_rest,
+    tokio::test(flavor = "multi_thread", worker_threads = 2),
+    |db: TestDb| async move {
+        // An operator's UPDATE left a minutely rule 29 million occurrences
+        // behind: it must neither write a row for each nor wait hours to
+        // run again.
+        let store = db.store().await;
+        let noop = [step("noop", json!({}))];
+        let id = insert_rule_with(&store, "* * * * *", 0, &noop, &RuleOptions::default()).await;
+        let running = start_service_with(&db.url, without_delays).await;
+        // The latest occurrence runs at once.
+        wait_for_execution(
+            &store,
+            id,
+            ExecutionStatus::Completed,
+            Duration::from_secs(30),
+        )
+        .await;
+        let runs = store.executions_for(id).await.unwrap();
+        let skipped: Vec<&Execution> = runs
+            .iter()
+            .filter(|e| e.status == ExecutionStatus::Skipped)
+            .collect();
+        assert_eq!(skipped.len(), 1_000, "999 one by one, and one for the rest");
+        let oldest = skipped.iter().min_by_key(|e| e.scheduled_for).unwrap();
+        assert_eq!(oldest.scheduled_for, 0);
+        let error = oldest.error.as_deref().unwrap_or_default();
+        assert!(
+            error.starts_with("misfire: missed with every later occurrence before"),
+            "{error}"
+        );
+        let ran = runs
+            .iter()
+            .find(|e| e.status == ExecutionStatus::Completed)
+            .unwrap();
+        assert!(
+            Utc::now().timestamp_millis() - ran.scheduled_for < 2 * MINUTE,
+            "the latest occurrence ran: {}",
+            show(ran.scheduled_for)
+        );
+        running.service.shutdown("test").await.unwrap();
+        store.close().await;
     }
 );

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::api::metric_sample;
 use common::process::{Install, signal, stdout, wait_exit};
-use common::rules::{YEARLY, insert_rule, step};
+use common::rules::{YEARLY, insert_rule, step, yearly_after};
 use common::{TestDb, eventually};
 use ruled::model::{Execution, ExecutionStatus};
 use ruled::store::Store;
@@ -367,6 +367,159 @@ both_backends!(
         signal(&server, libc::SIGTERM);
         let status = wait_exit(&mut server);
         assert_eq!(status.code(), Some(0), "{}", install.log("serve.log"));
+        store.close().await;
+    }
+);
+
+both_backends!(
+    rows_broken_in_ways_that_look_valid_neither_stall_rules_nor_lose_a_finish,
+    tokio::test(flavor = "multi_thread", worker_threads = 2),
+    |db: TestDb| async move {
+        let store = db.store().await;
+        let due = now_ms() - 1_000;
+        let noop = || vec![step("noop", json!({}))];
+
+        // A branch rule under an upper-case id: it parses as a UUID, but no
+        // claim or lookup by id (they bind the lower-case form) can match it.
+        let neighbour = insert_rule(&store, YEARLY, yearly_after(due), &noop()).await;
+        let (branch_id, rule_id) = parents(&store, neighbour).await;
+        let upper = Uuid::new_v4().to_string().to_uppercase();
+        let t = now_ms();
+        sql(&store, &format!(
+            "INSERT INTO branch_rules (id, branch_id, rule_id, next_run_time, created_at, updated_at) \
+             VALUES ('{upper}', '{branch_id}', '{rule_id}', {due}, {t}, {t})"
+        )).await;
+        // A running flag no lock stands behind.
+        let flagged = insert_rule(&store, YEARLY, due, &noop()).await;
+        sql(
+            &store,
+            &format!("UPDATE branch_rules SET is_currently_running = TRUE WHERE id = '{flagged}'"),
+        )
+        .await;
+        // A row stamped in the year 2100.
+        let from_the_future = insert_rule(&store, YEARLY, yearly_after(due), &noop()).await;
+        sql(
+            &store,
+            &format!(
+                "UPDATE branch_rules SET updated_at = 4102444800000 WHERE id = '{from_the_future}'"
+            ),
+        )
+        .await;
+        // A due rule switched off, to be switched on while the service runs.
+        let switched_on_later = insert_rule(&store, YEARLY, due, &noop()).await;
+        sql(
+            &store,
+            &format!("UPDATE branch_rules SET is_active = FALSE WHERE id = '{switched_on_later}'"),
+        )
+        .await;
+        // A rule whose row an operator breaks while it runs.
+        let broken_while_running =
+            insert_rule(&store, YEARLY, due, &[step("sleep", json!({"ms": 3000}))]).await;
+
+        let install = Install::with_database(&db.url);
+        let mut command = install.command(&["serve"]);
+        command
+            .env("MASTER_GRACE_PERIOD_SECONDS", "0")
+            .env("WORKER_STAGGER_SECONDS", "0")
+            .env("WORKER_COOLDOWN_SECONDS", "0")
+            // Only the incremental refreshes may bring what changes below.
+            .env("PLAN_FULL_REFRESH_SECONDS", "3600");
+        let mut server = install.spawn_logged(&mut command, "serve.log");
+        let base = format!("http://{}", listening_on(&install));
+        let client = common::api::client();
+
+        let completed = |id: Uuid| {
+            let store = &store;
+            async move {
+                executions(store, id)
+                    .await
+                    .iter()
+                    .any(|e| e.status == ExecutionStatus::Completed)
+            }
+        };
+        eventually(
+            DEADLINE,
+            "the rule flagged running without a lock to run",
+            || completed(flagged),
+        )
+        .await;
+
+        eventually(DEADLINE, "the slow rule to be running", || async {
+            executions(&store, broken_while_running)
+                .await
+                .iter()
+                .any(|e| e.status == ExecutionStatus::Running)
+        })
+        .await;
+        sql(
+            &store,
+            &format!(
+                "UPDATE branch_rules SET params = '{{not json' WHERE id = '{broken_while_running}'"
+            ),
+        )
+        .await;
+        // Its action ran: the finish lands, the lock is released, and the
+        // row is quarantined, not left running or retried.
+        eventually(DEADLINE, "the broken rule's run to be recorded", || {
+            completed(broken_while_running)
+        })
+        .await;
+        install.wait_for_log("serve.log", "its branch rule no longer reads");
+        let released = store
+            .execute_sql(&format!(
+                "UPDATE branch_rules SET lock_epoch = lock_epoch WHERE id = '{broken_while_running}' \
+                 AND lock_holder IS NULL AND NOT is_currently_running"
+            ))
+            .await
+            .unwrap();
+        assert_eq!(released, 1, "the lock of the broken rule was released");
+
+        // The future updated_at does not hide a later change from the
+        // incremental refresh.
+        let t = now_ms();
+        sql(&store, &format!(
+            "UPDATE branch_rules SET is_active = TRUE, updated_at = {t} WHERE id = '{switched_on_later}'"
+        )).await;
+        eventually(DEADLINE, "the rule switched on to run", || {
+            completed(switched_on_later)
+        })
+        .await;
+
+        let (status, body) = get(&client, &format!("{base}/api/v1/plan")).await;
+        assert_eq!(status, 200, "{body}");
+        let plan: Value = serde_json::from_str(&body).unwrap();
+        let quarantined = plan["quarantined"].as_array().unwrap();
+        let listed = |id: &str| {
+            quarantined
+                .iter()
+                .find(|r| r["table"] == "branch_rules" && r["id"] == id)
+                .cloned()
+        };
+        let upper_row = listed(&upper).unwrap_or_else(|| panic!("{upper}: {quarantined:?}"));
+        assert_eq!(upper_row["reason"], "decode");
+        assert!(
+            upper_row["message"]
+                .as_str()
+                .unwrap()
+                .contains("canonical form"),
+            "{upper_row}"
+        );
+        let broken = listed(&broken_while_running.to_string())
+            .unwrap_or_else(|| panic!("{broken_while_running}: {quarantined:?}"));
+        assert_eq!(broken["field"], "params", "{broken}");
+
+        // Each ran once; the service stops cleanly and starts again.
+        for id in [flagged, switched_on_later, broken_while_running] {
+            assert_eq!(executions(&store, id).await.len(), 1, "rule {id}");
+        }
+        signal(&server, libc::SIGTERM);
+        let status = wait_exit(&mut server);
+        assert_eq!(status.code(), Some(0), "{}", install.log("serve.log"));
+        let mut again = install.spawn_logged(&mut install.command(&["serve"]), "again.log");
+        let _ = install.listening_addr("again.log");
+        signal(&again, libc::SIGTERM);
+        let status = wait_exit(&mut again);
+        assert_eq!(status.code(), Some(0), "{}", install.log("again.log"));
         store.close().await;
     }
 );

@@ -18,11 +18,11 @@ use ractor::{ActorRef, Message, RpcReplyPort};
 
 use crate::directory::Directory;
 use crate::lifecycle::{Fence, Finish};
-use crate::messages::PlanMsg;
+use crate::messages::{PlanMsg, RefresherMsg};
 use crate::metrics as m;
 use crate::model::Millis;
 use crate::plan::OutboxEntry;
-use crate::store::{BatchError, PendingTransition, TransitionBatcher};
+use crate::store::{BatchError, PendingTransition, Released, TransitionBatcher};
 
 /// How long one actor waits for another's reply before giving up. Generous,
 /// because a merge of a million workflows takes a while, yet bounded so a
@@ -95,24 +95,22 @@ pub(crate) async fn finish_recorded(
     now: Millis,
 ) -> Recorded {
     let plan = directory.plan();
-    match pending.finished().await {
-        Ok(Some(row)) => {
+    match pending.released().await {
+        Ok(Some(Released::Row(row))) => {
             if let Some(plan) = plan {
                 let _ = plan.cast(PlanMsg::PostProcessed(row));
             }
+            Recorded::Landed
+        }
+        Ok(Some(Released::Unreadable(problem))) => {
+            released_unreadable(directory, fence, &finish, &problem);
             Recorded::Landed
         }
         Ok(None) => Recorded::TakenOver,
         Err(error) => {
             metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "finish").increment(1);
             if let Some(plan) = plan {
-                let local = (finish.next_run_time.is_some() || finish.clear_next_run).then(|| {
-                    PlanMsg::FinishedLocally {
-                        id: fence.branch_rule_id,
-                        next_run_time: finish.next_run_time,
-                        retry: finish.retry,
-                    }
-                });
+                let local = finished_locally(fence, &finish);
                 let entry = OutboxEntry {
                     fence: fence.clone(),
                     finish,
@@ -126,4 +124,42 @@ pub(crate) async fn finish_recorded(
             Recorded::InOutbox(error)
         }
     }
+}
+
+/// A finish landed, but the branch rule it released no longer reads (an
+/// operator's SQL broke the row while the run ran). The plan keeps the
+/// finish's outcome locally, as it does for a write in the outbox, and a
+/// refresh now quarantines the row and names the column.
+pub(crate) fn released_unreadable(
+    directory: &Directory,
+    fence: &Fence,
+    finish: &Finish,
+    problem: &str,
+) {
+    metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "finish_row").increment(1);
+    tracing::warn!(
+        branch_rule_id = %fence.branch_rule_id,
+        execution_id = %fence.execution_id,
+        "🩹 Recorded the finish of execution {}, but its branch rule no longer reads: {problem}; the next refresh quarantines it",
+        fence.execution_id
+    );
+    if let Some(plan) = directory.plan()
+        && let Some(local) = finished_locally(fence, finish)
+    {
+        let _ = plan.cast(local);
+    }
+    if let Some(refresher) = directory.refresher() {
+        let _ = refresher.cast(RefresherMsg::RefreshNow);
+    }
+}
+
+/// The finish's outcome for the plan to keep locally, when the database
+/// did not hand back the row: `None` when the finish leaves next_run_time
+/// as it was.
+fn finished_locally(fence: &Fence, finish: &Finish) -> Option<PlanMsg> {
+    (finish.next_run_time.is_some() || finish.clear_next_run).then(|| PlanMsg::FinishedLocally {
+        id: fence.branch_rule_id,
+        next_run_time: finish.next_run_time,
+        retry: finish.retry,
+    })
 }

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
-use crate::actors::ask;
+use crate::actors::{ask, released_unreadable};
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::directory::Directory;
@@ -18,7 +18,7 @@ use crate::messages::{PlanMsg, RefresherMsg};
 use crate::metrics as m;
 use crate::model::Millis;
 use crate::plan::MergeReport;
-use crate::store::Store;
+use crate::store::{Released, Store};
 
 pub struct RefresherActor;
 
@@ -113,7 +113,10 @@ impl Actor for RefresherActor {
 
 impl RefresherState {
     /// Sends post-process writes the database refused earlier. Stops at the
-    /// first failure: the database is still away. Returns what is pending.
+    /// first transient failure: the database is still away. An entry the
+    /// database refuses for good (a constraint, a value it rejects) stays
+    /// pending, logged, and the entries behind it are still delivered.
+    /// Returns what is pending.
     async fn deliver_outbox(&mut self) -> usize {
         let Some(plan) = self.directory.plan() else {
             return 0;
@@ -123,25 +126,49 @@ impl RefresherState {
         };
         let mut pending = entries.len();
         for entry in entries {
-            match self.store.finish(&entry.fence, &entry.finish).await {
-                Ok(row) => {
+            match self
+                .store
+                .finish_released(&entry.fence, &entry.finish)
+                .await
+            {
+                Ok(released) => {
                     pending -= 1;
+                    let row = match released {
+                        Some(Released::Row(row)) => Some(row),
+                        Some(Released::Unreadable(problem)) => {
+                            released_unreadable(
+                                &self.directory,
+                                &entry.fence,
+                                &entry.finish,
+                                &problem,
+                            );
+                            None
+                        }
+                        None => {
+                            warn!(
+                                execution_id = %entry.fence.execution_id,
+                                "📮 Outbox entry fenced out: the claim was taken over meanwhile"
+                            );
+                            None
+                        }
+                    };
                     self.stats.outbox_delivered += 1;
-                    if row.is_none() {
-                        warn!(
-                            execution_id = %entry.fence.execution_id,
-                            "📮 Outbox entry fenced out: the claim was taken over meanwhile"
-                        );
-                    }
                     let _ = plan.cast(PlanMsg::OutboxDelivered {
                         execution_id: entry.fence.execution_id,
                         row,
                     });
                 }
-                Err(e) => {
+                Err(e) if e.is_transient() => {
                     metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "outbox").increment(1);
                     debug!("Outbox delivery waits for the database: {e}");
                     break;
+                }
+                Err(e) => {
+                    metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "outbox").increment(1);
+                    error!(
+                        execution_id = %entry.fence.execution_id,
+                        "📮 The database refused an outbox entry; it stays in the outbox: {e}"
+                    );
                 }
             }
         }
@@ -232,7 +259,15 @@ impl RefresherState {
             metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "refresh").increment(1);
             e.to_string()
         })?;
-        let newest = load.data.branch_rules.iter().map(|r| r.updated_at).max();
+        // A row stamped in the future (an operator's SQL, a clock far
+        // ahead) must not carry the watermark past now: every change made
+        // meanwhile would wait for the next full read.
+        let newest = load
+            .data
+            .branch_rules
+            .iter()
+            .map(|r| r.updated_at.min(started_at))
+            .max();
         let plan = self
             .directory
             .plan()

@@ -31,10 +31,24 @@ use crate::schedule::{
 /// late, it is merely slow, and runs.
 pub const MISFIRE_THRESHOLD_MS: Millis = 60_000;
 
-/// At most this many occurrences are sorted by one decision, so a rule
-/// that missed a year of minutes costs bounded work and one bounded write
-/// per decision; the rest are sorted by the next ones.
+/// At most this many occurrences are sorted one by one in a decision, so
+/// a rule that missed a year of minutes (or whose next_run_time an operator
+/// set to 1970) costs bounded work and one bounded write. When more are
+/// due, the latest of them are sorted one by one and every older one is
+/// recorded in a single skipped execution (see [`decide_due`]).
 pub const MAX_OCCURRENCES_PER_DECISION: usize = 1_000;
+
+/// The first span [`latest_due`] looks back over, doubled until it holds
+/// enough occurrences.
+const FIRST_LOOK_BACK_MS: Millis = 3_600_000;
+
+/// The most steps [`latest_due`] walks through its span, per occurrence it
+/// keeps. A span that held at most `keep` occurrences at half its length
+/// holds about twice that for any regular schedule; more means the schedule
+/// engine's horizon cut the count short (croner searches no later than the
+/// year 5000, so a simulation in the year 7961 counts nothing there), and
+/// the decision falls back to sorting bounded steps one decision at a time.
+const LOOK_BACK_WALK_FACTOR: usize = 16;
 
 /// A branch rule's schedule as the decisions need it.
 #[derive(Debug, Clone, Copy)]
@@ -100,6 +114,55 @@ fn due_from(cadence: &Cadence<'_>, first: Option<Millis>, now: Millis, limit: us
     count
 }
 
+/// The latest `keep` occurrences due at `now`, oldest first, of a rule
+/// with more than that due since `first`. Found by looking back from
+/// `now` over a span doubled until it holds more than `keep`, not by
+/// counting forward from `first`: a minutely rule whose next_run_time is
+/// 1970 has 29 million occurrences due, and the work stays a few tens of
+/// thousands of steps whatever the backlog. `None` when the walk would
+/// take more than [`LOOK_BACK_WALK_FACTOR`] steps per kept occurrence.
+fn latest_due(
+    cadence: &Cadence<'_>,
+    first: Millis,
+    now: Millis,
+    keep: usize,
+) -> Option<Vec<Millis>> {
+    let mut span = FIRST_LOOK_BACK_MS;
+    let from = loop {
+        let from = now.saturating_sub(span);
+        if from <= first {
+            break first;
+        }
+        let first_in_span = cadence.next_after(from - 1);
+        if due_from(cadence, first_in_span, now, keep + 1) > keep {
+            break from;
+        }
+        span = span.saturating_mul(2);
+    };
+    let mut latest = std::collections::VecDeque::with_capacity(keep + 1);
+    let mut upcoming = if from == first {
+        Some(first)
+    } else {
+        cadence.next_after(from - 1)
+    };
+    let mut steps = 0;
+    while let Some(at) = upcoming {
+        if cadence.start_of(at) > now {
+            break;
+        }
+        steps += 1;
+        if steps > keep.saturating_mul(LOOK_BACK_WALK_FACTOR) {
+            return None;
+        }
+        if latest.len() == keep {
+            latest.pop_front();
+        }
+        latest.push_back(at);
+        upcoming = cadence.next_after(at);
+    }
+    Some(latest.into())
+}
+
 /// Sorts the due occurrences of a ready rule, from `next_run_time` up to
 /// `now`, by its misfire policy and catch-up window. A pending retry
 /// (`retry_of`) is not a cron occurrence: it runs as it stands.
@@ -144,7 +207,22 @@ pub fn decide_due(
             SkipReason::Misfire
         }
     };
-    let more_due = upcoming.is_some_and(|at| cadence.start_of(at) <= now);
+    let mut more_due = upcoming.is_some_and(|at| cadence.start_of(at) <= now);
+    // More due than one decision sorts: the latest are sorted one by one
+    // (no policy runs an older one: run_once and skip run the latest,
+    // run_all at most the latest 1,000), and every occurrence before them
+    // is recorded in one skipped execution, at the first one's time. Where
+    // the latest cannot be found in bounded work, this decision sorts the
+    // oldest 1,000 and the next ones go on from there.
+    let mut older_than_due = None;
+    if more_due
+        && let Some(latest) = latest_due(cadence, next_run_time, now, MAX_OCCURRENCES_PER_DECISION)
+    {
+        due = latest;
+        upcoming = due.last().and_then(|at| cadence.next_after(*at));
+        older_than_due = due.first().copied();
+        more_due = false;
+    }
     let candidates: Vec<Millis> = due.iter().copied().filter(|at| !expired(*at)).collect();
     let run = if more_due {
         match policy.misfire {
@@ -175,6 +253,23 @@ pub fn decide_due(
         }
     };
     let mut skipped = Vec::new();
+    if let Some(before) = older_than_due {
+        let reason = if expired(next_run_time) {
+            SkipReason::CatchupWindow
+        } else {
+            SkipReason::Misfire
+        };
+        skipped.push(SkippedOccurrence {
+            scheduled_for: next_run_time,
+            reason,
+            detail: format!(
+                "missed with every later occurrence before {}: more than {} behind, they are recorded as this one; misfire {}",
+                rfc3339(before),
+                MAX_OCCURRENCES_PER_DECISION,
+                policy.misfire.as_str()
+            ),
+        });
+    }
     for &at in due.iter().take_while(|at| Some(**at) != run) {
         let (reason, detail) = if expired(at) {
             (
@@ -604,25 +699,82 @@ mod tests {
     }
 
     #[test]
-    fn a_long_outage_is_sorted_in_bounded_steps() {
+    fn a_long_outage_is_sorted_in_one_bounded_decision() {
         let schedule = CronSchedule::parse("* * * * *").unwrap();
         let policy = EffectivePolicy::default();
         let now = at(1, 0) + 30 * 24 * 3_600_000;
-        let first = decide_due(&cadence(&schedule, &policy, None), at(1, 0), None, now);
-        assert_eq!(first.run, None);
-        assert_eq!(first.skipped.len(), MAX_OCCURRENCES_PER_DECISION);
-        let mut next = first.next_run_time.unwrap();
-        let mut steps = 1;
-        loop {
-            let decision = decide_due(&cadence(&schedule, &policy, None), next, None, now);
-            steps += 1;
-            if let Some(run) = decision.run {
-                assert_eq!(run, now - now % 60_000);
-                break;
-            }
-            next = decision.next_run_time.unwrap();
+        let decision = decide_due(&cadence(&schedule, &policy, None), at(1, 0), None, now);
+        // One decision: the latest runs, the 999 before it are skipped one
+        // by one, and the 42,201 before those in one row.
+        let latest = now - now % 60_000;
+        assert_eq!(decision.run, Some(latest));
+        assert_eq!(decision.next_run_time, Some(latest));
+        assert_eq!(decision.skipped.len(), MAX_OCCURRENCES_PER_DECISION);
+        let older = &decision.skipped[0];
+        assert_eq!(older.scheduled_for, at(1, 0));
+        assert_eq!(older.reason, SkipReason::Misfire);
+        let first_sorted = latest - 999 * 60_000;
+        assert!(
+            older.detail.contains(&rfc3339(first_sorted)),
+            "{}",
+            older.detail
+        );
+        assert_eq!(decision.skipped[1].scheduled_for, first_sorted);
+    }
+
+    /// A next_run_time an operator set to 1970 on a minutely rule: 29
+    /// million occurrences due, sorted in one bounded decision, the latest
+    /// run now.
+    #[test]
+    fn a_next_run_time_decades_old_is_sorted_in_one_bounded_decision() {
+        let schedule = CronSchedule::parse("* * * * *").unwrap();
+        let now = at(1, 0);
+        for misfire in [Misfire::RunOnce, Misfire::Skip, Misfire::RunAll] {
+            let policy = EffectivePolicy {
+                misfire,
+                catchup_max: 3,
+                ..EffectivePolicy::default()
+            };
+            let decision = decide_due(&cadence(&schedule, &policy, None), 0, None, now);
+            assert!(decision.skipped.len() <= MAX_OCCURRENCES_PER_DECISION + 1);
+            assert_eq!(decision.skipped[0].scheduled_for, 0, "{misfire:?}");
+            let expected = match misfire {
+                Misfire::RunOnce | Misfire::Skip => now,
+                Misfire::RunAll => now - 2 * 60_000,
+            };
+            assert_eq!(decision.run, Some(expected), "{misfire:?}");
         }
-        assert_eq!(steps, 44);
+    }
+
+    /// Past croner's horizon (the year 5000) no occurrence is found, so the
+    /// look back cannot find the latest ones in bounded work: a decision in
+    /// the year 7961 (a simulation may go there) sorts bounded steps one
+    /// after another, as it would without the look back, instead of
+    /// walking every minute up to the horizon.
+    #[test]
+    fn a_decision_past_the_schedule_horizon_sorts_bounded_steps() {
+        let schedule = CronSchedule::parse("* * * * *").unwrap();
+        let policy = EffectivePolicy::default();
+        let first = at(1, 0);
+        let now = Utc
+            .with_ymd_and_hms(7961, 1, 1, 0, 0, 0)
+            .unwrap()
+            .timestamp_millis();
+        let decision = decide_due(&cadence(&schedule, &policy, None), first, None, now);
+        assert_eq!(decision.run, None);
+        assert_eq!(decision.skipped.len(), MAX_OCCURRENCES_PER_DECISION);
+        assert_eq!(decision.skipped[0].scheduled_for, first);
+        assert_eq!(
+            decision.next_run_time,
+            Some(first + MAX_OCCURRENCES_PER_DECISION as Millis * 60_000)
+        );
+        // Within the horizon, the latest are found, whatever the backlog.
+        let within = Utc
+            .with_ymd_and_hms(4999, 12, 31, 23, 0, 0)
+            .unwrap()
+            .timestamp_millis();
+        let decision = decide_due(&cadence(&schedule, &policy, None), first, None, within);
+        assert_eq!(decision.run, Some(within));
     }
 
     /// More missed than one step sorts: run_all still runs the latest
@@ -658,7 +810,12 @@ mod tests {
                 .map(|n| first + n as Millis * 60_000)
                 .collect();
             assert_eq!(ran, latest, "catchup_max {catchup_max}, {missed} missed");
-            assert_eq!(skipped, missed - catchup_max as usize);
+            // The occurrences older than the latest 1,000 share one row.
+            let older = missed.saturating_sub(MAX_OCCURRENCES_PER_DECISION);
+            assert_eq!(
+                skipped + older.saturating_sub(1),
+                missed - catchup_max as usize
+            );
         }
     }
 

@@ -88,7 +88,33 @@ pub enum TransitionOutcome {
     /// Scheduled, Running, RenewLock: `false` when the fence or status did
     /// not match.
     Applied(bool),
-    Finished(Option<BranchRule>),
+    /// `None` when the fence no longer matched (nothing changed).
+    Finished(Option<Released>),
+}
+
+/// A finish's branch rule after the release.
+// Moved once, straight to its caller, like [`TransitionOutcome`].
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq)]
+pub enum Released {
+    /// The row as the release left it, for the plan.
+    Row(BranchRule),
+    /// Released and recorded, but the row no longer reads as a branch rule:
+    /// an operator's SQL broke it while the run ran. The finish still
+    /// commits (the action ran; it must not run again), and the plan's next
+    /// refresh quarantines the row. The text names the column.
+    Unreadable(String),
+}
+
+impl Released {
+    /// The row, or the error that says why it cannot be read, for callers
+    /// that need the row itself.
+    pub fn into_row(self) -> Result<BranchRule, StoreError> {
+        match self {
+            Released::Row(row) => Ok(row),
+            Released::Unreadable(message) => Err(StoreError::ReleasedUnreadable(message)),
+        }
+    }
 }
 
 /// The error a batched caller gets. Shared because one failed commit is
@@ -268,13 +294,22 @@ impl PendingTransition {
             .unwrap_or_else(|_| Err(Arc::new(closed())))
     }
 
-    /// The outcome of a Finish: the branch rule's row after it, `None`
-    /// when the fence no longer matched.
-    pub async fn finished(self) -> Result<Option<BranchRule>, BatchError> {
+    /// The outcome of a Finish: the branch rule after it, `None` when the
+    /// fence no longer matched.
+    pub async fn released(self) -> Result<Option<Released>, BatchError> {
         match self.outcome().await? {
-            TransitionOutcome::Finished(row) => Ok(row),
+            TransitionOutcome::Finished(released) => Ok(released),
             other => unreachable!("finish answered with {other:?}"),
         }
+    }
+
+    /// [`PendingTransition::released`], for callers that need the row: a
+    /// row that no longer reads is an error here, though the finish landed.
+    pub async fn finished(self) -> Result<Option<BranchRule>, BatchError> {
+        self.released()
+            .await?
+            .map(|released| released.into_row().map_err(Arc::new))
+            .transpose()
     }
 
     /// The outcome of a Scheduled, Running or RenewLock transition.

@@ -15,7 +15,7 @@
 
 use sqlx::{Database, Transaction};
 
-use super::batch::{Transition, TransitionOutcome};
+use super::batch::{Released, Transition, TransitionOutcome};
 use super::grouped::{apply_grouped, skip_occurrences};
 use super::{Store, StoreError};
 use crate::lifecycle::{Claim, ClaimRequest, Fence, Finish, SkipRequest};
@@ -195,12 +195,25 @@ impl Store {
         fence: &Fence,
         finish: &Finish,
     ) -> Result<Option<BranchRule>, StoreError> {
+        self.finish_released(fence, finish)
+            .await?
+            .map(Released::into_row)
+            .transpose()
+    }
+
+    /// [`Store::finish`], with a released row that no longer decodes as an
+    /// outcome rather than an error: the finish landed all the same.
+    pub async fn finish_released(
+        &self,
+        fence: &Fence,
+        finish: &Finish,
+    ) -> Result<Option<Released>, StoreError> {
         let transition = Transition::Finish {
             fence: fence.clone(),
             finish: finish.clone(),
         };
         match self.apply(&transition).await? {
-            TransitionOutcome::Finished(row) => Ok(row),
+            TransitionOutcome::Finished(released) => Ok(released),
             other => unreachable!("a finish answered {other:?}"),
         }
     }

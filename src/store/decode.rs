@@ -116,11 +116,25 @@ impl<'r, R: AnyRow> RowReader<'r, R> {
         self.required(column, value)
     }
 
+    /// A UUID in the one form ruled writes and binds: lower case, with
+    /// hyphens. Another spelling of the same UUID (upper case, braces, a
+    /// `urn:uuid:` prefix) would load, yet no claim or lookup by id would
+    /// ever match its row, so it is refused here and the row quarantined.
     pub(crate) fn opt_uuid(&self, column: &'static str) -> Result<Option<Uuid>, StoreError> {
         self.opt_text(column)?
             .map(|text| {
-                Uuid::parse_str(&text)
-                    .map_err(|e| self.error(column, format!("invalid UUID {text:?}: {e}")))
+                let id = Uuid::parse_str(&text)
+                    .map_err(|e| self.error(column, format!("invalid UUID {text:?}: {e}")))?;
+                if id_text(id) != text {
+                    return Err(self.error(
+                        column,
+                        format!(
+                            "UUID {text:?} is not in the canonical form {:?} (lower case, hyphenated), which every lookup by id uses",
+                            id_text(id)
+                        ),
+                    ));
+                }
+                Ok(id)
             })
             .transpose()
     }

@@ -78,6 +78,11 @@ pub enum StoreError {
         message: String,
     },
 
+    /// A finish landed, but the branch rule's row it released does not
+    /// decode (see [`crate::store::Released::Unreadable`]).
+    #[error("the finish landed, but {0}")]
+    ReleasedUnreadable(String),
+
     /// A stored value that does not fit the model: the row is named so an
     /// operator can fix it by hand.
     #[error("cannot decode {table}.{column} of row {id}: {message}")]

@@ -20,9 +20,9 @@ use std::collections::{HashMap, HashSet};
 use uuid::Uuid;
 
 use super::StoreError;
-use super::batch::{Transition, TransitionOutcome};
+use super::batch::{Released, Transition, TransitionOutcome};
 use super::binds::{Bind, bound_query};
-use super::decode::{AnyRow, id_text};
+use super::decode::{AnyRow, RowReader, id_text};
 use super::executions::{
     branch_rule_columns, decode_execution, error_text, execution_columns, open_execution,
     open_statuses, output_text, touch_branch_rule,
@@ -725,18 +725,24 @@ fn row_binds<const N: usize>(
     Table { binds, columns: N }
 }
 
-/// The branch rules a statement returned, by id.
-async fn branch_rules_by_id<C: GroupedConn>(
+/// The branch rules a release returned, by id. A row that no longer
+/// decodes was released all the same: it must not roll back the finishes
+/// of its batch (their actions ran), so it is kept as unreadable.
+async fn released_by_id<C: GroupedConn>(
     conn: &mut C,
-    op: &'static str,
     sql: String,
     table: Table,
-) -> Result<HashMap<Uuid, BranchRule>, StoreError> {
-    let rows = conn.fetch_table(op, sql, table).await?;
+) -> Result<HashMap<Uuid, Released>, StoreError> {
+    let rows = conn.fetch_table("release branch_rules", sql, table).await?;
     let mut by_id = HashMap::with_capacity(rows.len());
     for row in &rows {
-        let rule = decode_branch_rule(row)?;
-        by_id.insert(rule.id, rule);
+        match decode_branch_rule(row) {
+            Ok(rule) => by_id.insert(rule.id, Released::Row(rule)),
+            Err(error) => {
+                let id = RowReader::new(row, "branch_rules")?.uuid("id")?;
+                by_id.insert(id, Released::Unreadable(error.to_string()))
+            }
+        };
     }
     Ok(by_id)
 }
@@ -1009,7 +1015,7 @@ async fn finish_many<C: GroupedConn>(
         ]
     });
     let sql = release_sql(&C::rows_of(&binds));
-    let mut released = branch_rules_by_id(conn, "release branch_rules", sql, binds).await?;
+    let mut released = released_by_id(conn, sql, binds).await?;
     // Only executions whose lock was still held: the release above is
     // their fence.
     let owned: Vec<usize> = chunk

@@ -123,7 +123,7 @@ pub mod rows;
 mod workflows;
 
 pub use batch::{
-    BatchError, DEFAULT_MAX_BATCH, PendingTransition, Transition, TransitionBatcher,
+    BatchError, DEFAULT_MAX_BATCH, PendingTransition, Released, Transition, TransitionBatcher,
     TransitionOutcome,
 };
 pub use catalog::CatalogScope;

@@ -11,7 +11,7 @@ use super::workflows::{
 };
 use super::{Store, StoreError};
 use crate::model::{
-    ActionDetail, Millis, PlanData, PlanLoad, PlanScope, RejectReason, RejectedRow,
+    ActionDetail, BranchRule, Millis, PlanData, PlanLoad, PlanScope, RejectReason, RejectedRow,
 };
 use uuid::Uuid;
 
@@ -43,6 +43,20 @@ macro_rules! sift_on {
     }};
 }
 
+/// A branch rule as the plan takes it. A running flag with no lock behind
+/// it (an operator's `UPDATE … SET is_currently_running = 1`, or one left
+/// by hand after clearing the lock) is not a run: every claim sets the two
+/// together and every release clears them together, and a claim takes a
+/// rule whose lock is free. Kept, it would hold the rule as running for
+/// good, since no instance would ever release it.
+fn decode_plan_branch_rule(row: &impl AnyRow) -> Result<BranchRule, StoreError> {
+    let mut rule = decode_branch_rule(row)?;
+    if rule.is_currently_running && rule.lock_holder.is_none() {
+        rule.is_currently_running = false;
+    }
+    Ok(rule)
+}
+
 /// Expands to the seven reads on one connection (`&mut *tx`), so the same
 /// code runs inside either backend's transaction. With `$since` set, only
 /// branch rules changed since then are read, plus the table's row count.
@@ -53,7 +67,7 @@ macro_rules! load_all {
                 sift_on!(
                     &mut *$tx,
                     "load branch_rules",
-                    decode_branch_rule,
+                    decode_plan_branch_rule,
                     $sifted,
                     SELECT_BRANCH_RULES
                 )?,
@@ -63,7 +77,7 @@ macro_rules! load_all {
                 let rows = sift_on!(
                     &mut *$tx,
                     "load changed branch_rules",
-                    decode_branch_rule,
+                    decode_plan_branch_rule,
                     $sifted,
                     SELECT_BRANCH_RULES_CHANGED_SINCE,
                     since
