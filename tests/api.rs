@@ -749,6 +749,37 @@ both_backends!(
             api.get(&format!("/api/v1/branch-rules/{busy}")).await.json["is_force_stopped"],
             true
         );
+        // An update resumes it; `null` on both bounds removes a window, and
+        // on one alone is refused, naming the other.
+        let path = format!("/api/v1/branch-rules/{busy}");
+        let windowed = api
+            .put(
+                &path,
+                &json!({"operation_time_from": "22:00", "operation_time_to": "06:00"}),
+            )
+            .await;
+        assert_eq!(windowed.status, StatusCode::OK, "{}", windowed.text);
+        assert_eq!(windowed.json["operation_time_to"], "06:00");
+        let half = api.put(&path, &json!({"operation_time_from": null})).await;
+        assert_eq!(half.status, StatusCode::BAD_REQUEST, "{}", half.text);
+        assert!(half.text.contains("operation_time_to"), "{}", half.text);
+        let resumed = api
+            .put(
+                &path,
+                &json!({
+                    "is_force_stopped": false,
+                    "operation_time_from": null,
+                    "operation_time_to": null
+                }),
+            )
+            .await;
+        assert_eq!(resumed.status, StatusCode::OK, "{}", resumed.text);
+        assert_eq!(resumed.json["is_force_stopped"], false);
+        assert_eq!(resumed.json["operation_time_from"], Value::Null);
+        assert_eq!(resumed.json["operation_time_to"], Value::Null);
+        let stored = api.get(&path).await.json;
+        assert_eq!(stored["is_force_stopped"], false, "{stored}");
+        assert_eq!(stored["operation_time_from"], Value::Null, "{stored}");
         assert_eq!(
             api.get("/api/v1/branch-rules/due").await.status,
             StatusCode::OK

@@ -1208,9 +1208,9 @@ pub struct BranchRuleCreate {
     action_details: Option<Vec<ActionDetailCreate>>,
 }
 
-/// Fields left out (or `null`) keep their stored values, except `policy`
-/// and `brand_rule_id`, which `null` clears; the window is changed as a
-/// pair.
+/// Fields left out (or `null`) keep their stored values, except `policy`,
+/// `brand_rule_id` and the window, which `null` clears; the window is
+/// changed as a pair.
 #[derive(Debug, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BranchRuleUpdate {
@@ -1229,20 +1229,27 @@ pub struct BranchRuleUpdate {
     brand_rule_id: Option<Option<Uuid>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     is_active: Option<bool>,
+    /// `false` resumes a force-stopped rule (its missed occurrences go by
+    /// its misfire policy). `true` stops new runs but, unlike
+    /// `POST /branch-rules/{id}/force-stop`, leaves a run in progress.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    is_force_stopped: Option<bool>,
+    /// Changed as a pair with `operation_time_to`; `null` on both removes
+    /// the window.
     #[serde(
         default,
-        deserialize_with = "present_not_null",
+        deserialize_with = "null_clears",
         skip_serializing_if = "Option::is_none"
     )]
-    #[schema(value_type = TimeOfDayText)]
-    operation_time_from: Option<TimeOfDayText>,
+    #[schema(value_type = Option<TimeOfDayText>)]
+    operation_time_from: Option<Option<TimeOfDayText>>,
     #[serde(
         default,
-        deserialize_with = "present_not_null",
+        deserialize_with = "null_clears",
         skip_serializing_if = "Option::is_none"
     )]
-    #[schema(value_type = TimeOfDayText)]
-    operation_time_to: Option<TimeOfDayText>,
+    #[schema(value_type = Option<TimeOfDayText>)]
+    operation_time_to: Option<Option<TimeOfDayText>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     next_run_time: Option<RequestTime>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -1260,6 +1267,27 @@ pub struct BranchRuleUpdate {
 
 /// A window has both bounds or neither: one alone would silently mean no
 /// window at all.
+/// An update's window: both bounds set, both `null` (no window), or both
+/// left out.
+fn check_window_update(
+    from: Option<Option<&TimeOfDayText>>,
+    to: Option<Option<&TimeOfDayText>>,
+) -> ApiResult<()> {
+    match (from, to) {
+        (Some(None), Some(None)) | (None, None) => Ok(()),
+        (Some(None), _) | (_, Some(None)) => Err(ApiError::field(
+            if from == Some(None) {
+                "operation_time_to"
+            } else {
+                "operation_time_from"
+            },
+            "must be null with the other window bound: `null` on both \
+             operation_time_from and operation_time_to removes the window",
+        )),
+        (from, to) => check_window(from.flatten(), to.flatten()),
+    }
+}
+
 fn check_window(from: Option<&TimeOfDayText>, to: Option<&TimeOfDayText>) -> ApiResult<()> {
     let missing = match (from, to) {
         (Some(_), None) => "operation_time_to",
@@ -1708,9 +1736,9 @@ pub async fn update_branch_rule(
     caller: Caller,
     ApiJson(input): ApiJson<BranchRuleUpdate>,
 ) -> ApiResult<Json<BranchRule>> {
-    check_window(
-        input.operation_time_from.as_ref(),
-        input.operation_time_to.as_ref(),
+    check_window_update(
+        input.operation_time_from.as_ref().map(Option::as_ref),
+        input.operation_time_to.as_ref().map(Option::as_ref),
     )?;
     check_durations(longest_action_ms(&s), "params.", input.params.as_ref())?;
     let stored = get_row(&s, &BRANCH_RULES, "branch rule", &id).await?;
@@ -2099,11 +2127,35 @@ mod input_tests {
     }
 
     #[test]
-    fn a_window_bound_may_be_left_out_but_not_sent_as_null() {
-        let read = |body: &str| serde_json::from_str::<BranchRuleUpdate>(body);
-        assert!(read(r#"{}"#).unwrap().operation_time_from.is_none());
-        assert!(read(r#"{"operation_time_from": "22:00"}"#).is_ok());
-        assert!(read(r#"{"operation_time_from": null}"#).is_err());
+    fn an_update_sets_both_window_bounds_clears_both_or_leaves_both() {
+        let check = |body: &str| {
+            let update = serde_json::from_str::<BranchRuleUpdate>(body).unwrap();
+            check_window_update(
+                update.operation_time_from.as_ref().map(Option::as_ref),
+                update.operation_time_to.as_ref().map(Option::as_ref),
+            )
+            .map(|()| to_map(&update))
+            .map_err(|e| e.to_string())
+        };
+        assert_eq!(check(r#"{}"#).unwrap().get("operation_time_from"), None);
+        let set = check(r#"{"operation_time_from": "22:00", "operation_time_to": "06:00"}"#);
+        assert_eq!(set.unwrap()["operation_time_from"], json!("22:00"));
+        let cleared = check(r#"{"operation_time_from": null, "operation_time_to": null}"#);
+        let cleared = cleared.unwrap();
+        assert_eq!(cleared["operation_time_from"], Value::Null);
+        assert_eq!(cleared["operation_time_to"], Value::Null);
+        for (body, field) in [
+            (r#"{"operation_time_from": null}"#, "operation_time_to"),
+            (r#"{"operation_time_to": null}"#, "operation_time_from"),
+            (
+                r#"{"operation_time_from": null, "operation_time_to": "06:00"}"#,
+                "operation_time_to",
+            ),
+            (r#"{"operation_time_from": "22:00"}"#, "operation_time_to"),
+        ] {
+            let error = check(body).unwrap_err();
+            assert!(error.starts_with(field), "{body}: {error}");
+        }
     }
 
     /// The error a body gets, as the API reads it (serde_path_to_error).

@@ -275,6 +275,25 @@ fn complete(document: &mut Value) {
                     "operation_time_to": ["operation_time_from"],
                 }),
             );
+            // An update's `null` removes the window, on both bounds or
+            // neither.
+            if input == "BranchRuleUpdate" {
+                schema.insert(
+                    "if".into(),
+                    json!({
+                        "required": ["operation_time_from"],
+                        "properties": {"operation_time_from": {"type": "null"}},
+                    }),
+                );
+                schema.insert(
+                    "then".into(),
+                    json!({"properties": {"operation_time_to": {"type": "null"}}}),
+                );
+                schema.insert(
+                    "else".into(),
+                    json!({"properties": {"operation_time_to": {"type": "string"}}}),
+                );
+            }
         }
     }
     effective_policy_ranges(document);

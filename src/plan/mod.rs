@@ -657,10 +657,14 @@ impl ExecutionPlan {
         stats
     }
 
-    /// Held for a quarantined row or a next run that could not be computed
-    /// (see [`NotReady::is_held`]), whatever the time.
+    /// Held for a quarantined row, a missing branch or rule, or a next run
+    /// that could not be computed (see [`NotReady::is_held`]), whatever
+    /// the time.
     fn is_held(&self, workflow: &Workflow) -> bool {
-        workflow.branch_rule.next_run_time.is_none()
+        let row = &workflow.branch_rule;
+        row.next_run_time.is_none()
+            || !self.branches.contains_key(&row.branch_id)
+            || !self.rules.contains_key(&row.rule_id)
             || (!self.quarantine.is_empty() && self.quarantined_dependency(workflow).is_some())
     }
 

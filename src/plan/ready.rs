@@ -68,6 +68,10 @@ impl NotReady {
             NotReady::Quarantined { .. }
                 | NotReady::NoNextRunTime
                 | NotReady::InvalidTimezone { .. }
+                // A branch or rule deleted under it with SQL (foreign keys
+                // are off in the sqlite3 shell by default).
+                | NotReady::BranchMissing
+                | NotReady::RuleMissing
         )
     }
 }
@@ -520,6 +524,28 @@ mod tests {
             data: fixture.data(),
             rejected,
         })
+    }
+
+    #[test]
+    fn a_rule_whose_branch_or_rule_is_gone_is_held_and_counted() {
+        let fixture = Fixture::due(NOW - 1);
+        for missing in ["branch", "rule"] {
+            let mut data = fixture.data();
+            match missing {
+                "branch" => data.branches.clear(),
+                _ => data.rules.clear(),
+            }
+            let plan = ExecutionPlan::from_load(crate::model::PlanLoad {
+                data,
+                rejected: vec![],
+            });
+            let reason = check_ready(&plan, plan.get(&fixture.workflow_id).unwrap(), NOW, RIYADH)
+                .unwrap_err();
+            assert!(reason.is_held(), "{missing}: {reason}");
+            assert!(reason.to_string().contains(missing), "{reason}");
+            let stats = plan.stats(NOW);
+            assert_eq!((stats.held, stats.active), (1, 0), "{missing}");
+        }
     }
 
     #[test]
