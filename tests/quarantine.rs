@@ -508,6 +508,36 @@ both_backends!(
             .unwrap_or_else(|| panic!("{broken_while_running}: {quarantined:?}"));
         assert_eq!(broken["field"], "params", "{broken}");
 
+        // An execution written by hand, without an owner and with output
+        // that is not JSON, is listed with the rest instead of failing the
+        // page.
+        let by_hand = Uuid::new_v4();
+        let t = now_ms();
+        sql(&store, &format!(
+            "INSERT INTO executions (id, branch_rule_id, scheduled_for, status, attempt, requested_at, finished_at, output, created_at, updated_at) \
+             VALUES ('{by_hand}', '{neighbour}', {t}, 'completed', 1, {t}, {t}, 'done by hand', {t}, {t})"
+        )).await;
+        let (status, body) = get(
+            &client,
+            &format!("{base}/api/v1/executions?branch_rule_id={neighbour}"),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        let listed: Value = serde_json::from_str(&body).unwrap();
+        let item = listed["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["id"] == by_hand.to_string())
+            .unwrap_or_else(|| panic!("{body}"))
+            .clone();
+        assert_eq!(item["owner"], "", "{item}");
+        let read = executions(&store, neighbour).await;
+        let read = read.iter().find(|e| e.id == by_hand).unwrap();
+        assert_eq!(read.output, Some(json!("done by hand")));
+        let (status, body) = get(&client, &format!("{base}/api/v1/executions/{by_hand}")).await;
+        assert_eq!(status, 200, "{body}");
+
         // Each ran once; the service stops cleanly and starts again.
         for id in [flagged, switched_on_later, broken_while_running] {
             assert_eq!(executions(&store, id).await.len(), 1, "rule {id}");

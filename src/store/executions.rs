@@ -233,20 +233,21 @@ pub(super) fn decode_execution(row: &impl AnyRow) -> Result<Execution, StoreErro
     let status_text = r.text("status")?;
     let status = ExecutionStatus::parse(&status_text)
         .ok_or_else(|| decode_error("status", format!("unknown status {status_text:?}")))?;
+    // ruled writes `output` as JSON and `owner` always; a row written by
+    // hand may have neither, and one such row must not break every listing
+    // it is on: text that is not JSON is shown as a JSON string, and no
+    // owner as an empty one (no instance has that name, so no fence or
+    // recovery matches it).
     let output = r
         .opt_text("output")?
-        .map(|text| {
-            serde_json::from_str(&text)
-                .map_err(|e| decode_error("output", format!("invalid JSON: {e}")))
-        })
-        .transpose()?;
+        .map(|text| serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)));
     Ok(Execution {
         id,
         branch_rule_id: r.uuid("branch_rule_id")?,
         scheduled_for: r.i64("scheduled_for")?,
         status,
         attempt: r.i64("attempt")?,
-        owner: r.text("owner")?,
+        owner: r.opt_text("owner")?.unwrap_or_default(),
         lock_epoch: r.i64("lock_epoch")?,
         requested_at: r.i64("requested_at")?,
         scheduled_at: r.opt_i64("scheduled_at")?,
