@@ -160,6 +160,25 @@ rejects!(unknown_template_kind, "kind", |f| (
     json!({ "kind": "teleport" })
 ));
 
+rejects!(secret_keys_that_are_not_a_list, "config.secret_keys", |f| (
+    Method::PUT,
+    format!("/api/v1/action-templates/{}", f.template),
+    json!({ "config": { "secret_keys": "tenant", "tenant": "T0K" } })
+));
+
+rejects!(
+    secret_keys_under_another_spelling,
+    "params.secretKeys",
+    |f| (
+        Method::POST,
+        format!("/api/v1/branch-rules/{}/action-details", f.branch_rule),
+        json!({
+            "action_template_id": f.template,
+            "params": { "secretKeys": ["tenant"], "tenant": "T0K" },
+        })
+    )
+);
+
 rejects!(unknown_field, "colour", |f| (
     Method::PUT,
     format!("/api/v1/brands/{}", f.brand),
@@ -363,6 +382,53 @@ both_backends!(
                 .status,
             StatusCode::OK
         );
+        running.service.shutdown("test").await.unwrap();
+    }
+);
+
+both_backends!(
+    a_masked_secret_sent_back_is_kept_only_where_it_was_going_and_still_secret,
+    tokio::test(flavor = "multi_thread", worker_threads = 2),
+    |db: TestDb| async move {
+        let (running, api, _f) = start(&db).await;
+        let config = json!({
+            "method": "POST",
+            "url": "https://api.example/hook",
+            "headers": { "Authorization": "Bearer s3cr3t-value" },
+            "secret_keys": ["tenant"],
+            "tenant": "T0K-tenant",
+        });
+        let template = id(&api
+            .post(
+                "/api/v1/action-templates",
+                &json!({ "name": "hook", "kind": "http", "config": config }),
+            )
+            .await);
+        let path = format!("/api/v1/action-templates/{template}");
+        let shown = api.get(&path).await.json["config"].clone();
+        assert_eq!(shown["tenant"], "***", "{shown}");
+
+        // The masked values sent back with another url, or without the
+        // declaration that hides one of them: 400 naming the field.
+        let mut elsewhere = shown.clone();
+        elsewhere["url"] = json!("https://attacker.example/collect");
+        let mut undeclared = shown.clone();
+        undeclared.as_object_mut().unwrap().remove("secret_keys");
+        for (body, field) in [
+            (elsewhere, "config.url"),
+            (undeclared, "config.secret_keys"),
+        ] {
+            let reply = api.put(&path, &json!({ "config": body })).await;
+            assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text);
+            assert!(reply.error_message().starts_with(field), "{}", reply.text);
+        }
+        // Nothing was saved: the secret is still stored, and still hidden.
+        let after = api.get(&path).await.json["config"].clone();
+        assert_eq!(after, shown);
+        // Sent back as shown, it is kept.
+        let same = api.put(&path, &json!({ "config": shown })).await;
+        assert_eq!(same.status, StatusCode::OK, "{}", same.text);
+        assert!(!same.text.contains("T0K-tenant") && !same.text.contains("s3cr3t-value"));
         running.service.shutdown("test").await.unwrap();
     }
 );

@@ -6,21 +6,28 @@ mod common;
 
 use std::time::Duration;
 
+use common::api::Api;
 use common::rules::{YEARLY, insert_rule, step};
 use common::service::{start_service_with, without_delays};
 use common::{TestDb, eventually};
 use ruled::actors::ask;
+use ruled::config::Config;
 use ruled::messages::PlanMsg;
 use ruled::model::ExecutionStatus;
 use serde_json::json;
 
 const DEADLINE: Duration = Duration::from_secs(40);
+const TOKEN: &str = "outbox-token";
 
 both_backends!(
     a_post_process_during_an_outage_lands_later_exactly_once,
     tokio::test(flavor = "multi_thread", worker_threads = 2),
     |db: TestDb| async move {
-        let running = start_service_with(&db.url, without_delays).await;
+        let running = start_service_with(&db.url, |config| Config {
+            api_token: Some(TOKEN.into()),
+            ..without_delays(config)
+        })
+        .await;
         let service = &running.service;
         let store = service.store();
         let id = insert_rule(
@@ -51,6 +58,18 @@ both_backends!(
         .await;
         let snapshot = ask(&plan, PlanMsg::Snapshot).await.unwrap();
         assert_eq!(snapshot.outbox.len(), 1, "saved with the plan");
+        // `GET /plan` lists it, its output (response captures, program
+        // output) only for a caller holding the token, as `/executions`.
+        let open = Api::at(service.http_addr(), None).get("/api/v1/plan").await;
+        let output = &open.json["outbox"][0]["finish"]["output"];
+        assert_eq!(output["hidden"], true, "{}", open.text);
+        let with_token = Api::new(service).get("/api/v1/plan").await;
+        let output = &with_token.json["outbox"][0]["finish"]["output"];
+        assert!(
+            output.to_string().contains("slept_ms"),
+            "{}",
+            with_token.text
+        );
         let workflow = snapshot.workflows.iter().find(|w| w.id() == id).unwrap();
         let now = chrono::Utc::now().timestamp_millis();
         assert!(

@@ -154,6 +154,48 @@ impl Rules {
     }
 }
 
+/// Where a config or params value lists its secrets in a way that would
+/// silently protect nothing: a `secret_keys` that is not a list of key
+/// names, or the field under another spelling (`secretKeys`,
+/// `SECRET_KEYS`, `secret-keys`). Returns the field's path under `prefix`
+/// and what is wrong with it.
+pub fn misdeclared_secret_keys(value: &Value, prefix: &str) -> Option<(String, String)> {
+    match value {
+        Value::Object(map) => map.iter().find_map(|(key, item)| {
+            let path = format!("{prefix}{key}");
+            if key == SECRET_KEYS_FIELD {
+                let names = item
+                    .as_array()
+                    .is_some_and(|keys| keys.iter().all(Value::is_string));
+                if !names {
+                    return Some((
+                        path,
+                        format!("must be a list of key names, like [\"token\"], not {item}"),
+                    ));
+                }
+                return None;
+            }
+            let folded: String = key
+                .chars()
+                .filter(|c| !matches!(c, '_' | '-'))
+                .collect::<String>()
+                .to_ascii_lowercase();
+            if folded == "secretkeys" {
+                return Some((
+                    path,
+                    format!("is spelled {SECRET_KEYS_FIELD:?} here: under another name it protects nothing"),
+                ));
+            }
+            misdeclared_secret_keys(item, &format!("{path}."))
+        }),
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .find_map(|(i, item)| misdeclared_secret_keys(item, &format!("{}[{i}].", prefix.trim_end_matches('.')))),
+        _ => None,
+    }
+}
+
 fn walk(value: &Value, rules: &Rules, masked: bool) -> Value {
     match value {
         Value::Object(map) => {
@@ -204,15 +246,30 @@ fn ends_url(c: char) -> bool {
     c.is_whitespace() || matches!(c, '"' | '\'' | '<' | '>' | '`' | '(' | ')' | ',' | '\\')
 }
 
+/// Ends the authority (`user:password@host:port`) of a URL in free text.
+/// Looser than [`ends_url`]: a password may hold `(`, `)`, `,` or `'`
+/// (URL parsers take them there), and the URL must not be taken to end
+/// before its `@`, which would leave the password in clear.
+fn ends_authority(c: char) -> bool {
+    c.is_whitespace() || matches!(c, '"' | '<' | '>' | '`' | '\\' | '/' | '?' | '#')
+}
+
 /// Every `scheme://…` in `text`, with the ranges of its secret parts.
 fn scan_urls(text: &str) -> Vec<UrlSecrets> {
     let mut found = Vec::new();
     let mut from = 0;
     while let Some(at) = text[from..].find("://") {
         let start = from + at + 3;
-        let end = text[start..]
-            .find(ends_url)
+        let authority_end = text[start..]
+            .find(ends_authority)
             .map_or(text.len(), |i| start + i);
+        // Past the user info, if there is one: the URL ends after it.
+        let after_user = text[start..authority_end]
+            .rfind('@')
+            .map_or(start, |at_sign| start + at_sign + 1);
+        let end = text[after_user..]
+            .find(ends_url)
+            .map_or(text.len(), |i| after_user + i);
         let url = &text[start..end];
         let authority_end = url.find(['/', '?', '#']).unwrap_or(url.len());
         let mut secrets = UrlSecrets::default();
@@ -344,6 +401,74 @@ pub fn restore_masked(
             Ok(())
         }
         _ => Ok(()),
+    }
+}
+
+/// Why a `***` sent back may not keep its stored secret, naming the field
+/// (below `field`) at fault: when the request also moves where the secret
+/// goes (a changed `url` would send kept headers or credentials to another
+/// host) or stops declaring it secret (a name dropped from a `secret_keys`
+/// list would make the kept value readable by anyone). Checked only when
+/// something was kept: `stored` and `kept` are the values before and after
+/// [`restore_masked`].
+pub fn unsafe_to_keep(
+    stored: Option<&Value>,
+    kept: &Value,
+    field: &str,
+) -> Option<(String, String)> {
+    let stored = stored?;
+    if let (Some(old), Some(new)) = (stored.get("url"), kept.get("url"))
+        && old != new
+    {
+        return Some((
+            format!("{field}.url"),
+            format!(
+                "changes while {MASK:?} keeps stored secrets; send them again with the new url"
+            ),
+        ));
+    }
+    let mut declared = Vec::new();
+    secret_key_lists(stored, field, &mut declared);
+    let mut still = Vec::new();
+    secret_key_lists(kept, field, &mut still);
+    declared
+        .into_iter()
+        .find(|entry| !still.contains(entry))
+        .map(|(path, name)| {
+            (
+                path,
+                format!(
+                    "drops {name:?} while {MASK:?} keeps stored secrets; send their values to stop \
+                     declaring them secret"
+                ),
+            )
+        })
+}
+
+/// Every `(path of a secret_keys list, name it lists)` in `value`.
+fn secret_key_lists(value: &Value, path: &str, out: &mut Vec<(String, String)>) {
+    match value {
+        Value::Object(map) => {
+            for (key, item) in map {
+                let here = format!("{path}.{key}");
+                if key == SECRET_KEYS_FIELD {
+                    let names = item
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(Value::as_str);
+                    out.extend(names.map(|name| (here.clone(), name.to_ascii_lowercase())));
+                } else {
+                    secret_key_lists(item, &here, out);
+                }
+            }
+        }
+        Value::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                secret_key_lists(item, &format!("{path}[{i}]"), out);
+            }
+        }
+        _ => {}
     }
 }
 
@@ -594,6 +719,23 @@ mod tests {
             mask_urls("a postgres://x:1@h/d and redis://:pw@r/0"),
             "a postgres://x:***@h/d and redis://:***@r/0"
         );
+        // A password with characters that end a URL in free text.
+        for password in ["Pa(ss)w0rd", "pa,ss", "it's", "a)b"] {
+            let text = format!("url (https://svc:{password}@api.example/x), then");
+            assert_eq!(
+                mask_urls(&text),
+                "url (https://svc:***@api.example/x), then",
+                "{password}"
+            );
+            assert_eq!(
+                mask_database_url(&format!("postgres://app:{password}@db/x")),
+                "postgres://app:***@db/x"
+            );
+        }
+        assert_eq!(
+            mask_urls("(see http://host) and a@b.c"),
+            "(see http://host) and a@b.c"
+        );
     }
 
     #[test]
@@ -704,6 +846,63 @@ mod tests {
             json!({"order_ref": MASK, "page": 2, "secret_keys": ["Tenant"], "tenant": MASK})
         );
         assert_eq!(redact_params(&params, None)["order_ref"], "S3CR3T");
+    }
+
+    #[test]
+    fn a_kept_secret_may_not_change_its_destination_or_lose_its_declaration() {
+        let stored = json!({
+            "url": "https://api.example/x",
+            "headers": {"Authorization": "Bearer s3cr3t"},
+            "secret_keys": ["tenant"],
+            "tenant": "T0K",
+        });
+        let keep = |body: Value| {
+            let mut kept = body;
+            restore_masked(Some(&stored), &mut kept, "config").unwrap();
+            unsafe_to_keep(Some(&stored), &kept, "config").map(|(field, _)| field)
+        };
+        let same = json!({
+            "url": "https://api.example/x",
+            "headers": {"Authorization": "***"},
+            "secret_keys": ["tenant", "more"],
+            "tenant": "***",
+        });
+        assert_eq!(keep(same), None);
+        let elsewhere = json!({
+            "url": "https://attacker.example/",
+            "headers": {"Authorization": "***"},
+            "secret_keys": ["tenant"],
+            "tenant": "***",
+        });
+        assert_eq!(keep(elsewhere).as_deref(), Some("config.url"));
+        let undeclared = json!({
+            "url": "https://api.example/x",
+            "headers": {"Authorization": "***"},
+            "tenant": "***",
+        });
+        assert_eq!(keep(undeclared).as_deref(), Some("config.secret_keys"));
+    }
+
+    #[test]
+    fn secret_keys_that_would_protect_nothing_are_named() {
+        let ok = json!({"secret_keys": ["tenant"], "tenant": "T0K", "nested": {"secret_keys": []}});
+        assert_eq!(misdeclared_secret_keys(&ok, "config."), None);
+        for (value, field) in [
+            (json!({"secret_keys": "tenant"}), "config.secret_keys"),
+            (json!({"secret_keys": [1]}), "config.secret_keys"),
+            (json!({"secretKeys": ["tenant"]}), "config.secretKeys"),
+            (
+                json!({"headers": {"SECRET-KEYS": ["x"]}}),
+                "config.headers.SECRET-KEYS",
+            ),
+            (
+                json!({"steps": [{}, {"secret_keys": {}}]}),
+                "config.steps[1].secret_keys",
+            ),
+        ] {
+            let (path, message) = misdeclared_secret_keys(&value, "config.").unwrap();
+            assert_eq!(path, field, "{value}: {message}");
+        }
     }
 
     #[test]

@@ -208,6 +208,20 @@ impl ToSchema for ActionConfig {}
 /// (SCHEDULE_EXECUTION_TIMEOUT_SECONDS), since the job is timed out then
 /// whatever the action waits for. Checked whatever the kind: no action can
 /// outlast its job.
+/// A template's config or a detail's params, as far as it can be checked
+/// before it runs: its durations, and its `secret_keys`, which must not
+/// silently protect nothing.
+fn check_config(max_ms: u64, prefix: &str, config: Option<&ActionConfig>) -> ApiResult<()> {
+    check_durations(max_ms, prefix, config)?;
+    if let Some(ActionConfig(config)) = config
+        && let Some((field, message)) =
+            secrets::misdeclared_secret_keys(&Value::Object(config.clone()), prefix)
+    {
+        return Err(ApiError::field(field, message));
+    }
+    Ok(())
+}
+
 fn check_durations(max_ms: u64, prefix: &str, config: Option<&ActionConfig>) -> ApiResult<()> {
     let Some(ActionConfig(config)) = config else {
         return Ok(());
@@ -1081,7 +1095,7 @@ fn check_template(
             ));
         }
     }
-    check_durations(longest_action_ms(state), "config.", config)
+    check_config(longest_action_ms(state), "config.", config)
 }
 
 #[utoipa::path(post, path = "/action-templates", tag = "action templates",
@@ -1595,7 +1609,7 @@ impl TemplateConfigs {
 }
 
 /// `params` with every value shown as `***`, its keys kept.
-fn mask_every_value(params: &Value) -> Value {
+pub(super) fn mask_every_value(params: &Value) -> Value {
     match params {
         Value::Object(map) => Value::Object(
             map.keys()
@@ -1619,7 +1633,7 @@ pub async fn create_branch_rule(
         input.operation_time_from.as_ref(),
         input.operation_time_to.as_ref(),
     )?;
-    check_durations(longest_action_ms(&s), "params.", input.params.as_ref())?;
+    check_config(longest_action_ms(&s), "params.", input.params.as_ref())?;
     refuse_masks("params", input.params.as_ref())?;
     let mut details = Vec::new();
     let mut positions = Vec::new();
@@ -1740,7 +1754,7 @@ pub async fn update_branch_rule(
         input.operation_time_from.as_ref().map(Option::as_ref),
         input.operation_time_to.as_ref().map(Option::as_ref),
     )?;
-    check_durations(longest_action_ms(&s), "params.", input.params.as_ref())?;
+    check_config(longest_action_ms(&s), "params.", input.params.as_ref())?;
     let stored = get_row(&s, &BRANCH_RULES, "branch rule", &id).await?;
     let branch = match input.branch_id {
         Some(branch_id) => {
@@ -1874,7 +1888,7 @@ fn check_detail(state: &ApiState, prefix: &str, params: Option<&ActionConfig>) -
         "" => field.to_string(),
         _ => format!("{prefix}.{field}"),
     };
-    check_durations(longest_action_ms(state), &path("params."), params)?;
+    check_config(longest_action_ms(state), &path("params."), params)?;
     refuse_masks(&path("params"), params)
 }
 
@@ -2006,7 +2020,7 @@ pub async fn update_detail(
     ApiJson(input): ApiJson<ActionDetailUpdate>,
 ) -> ApiResult<Json<ActionDetail>> {
     check_position(input.position)?;
-    check_durations(longest_action_ms(&s), "params.", input.params.as_ref())?;
+    check_config(longest_action_ms(&s), "params.", input.params.as_ref())?;
     let detail = nested_detail(&s, &id, &detail_id).await?;
     if let Some(template) = input.action_template_id {
         live_parent(

@@ -13,7 +13,8 @@ use uuid::Uuid;
 
 use super::ApiState;
 use super::catalog::{
-    get_row, nudge, policies_of, present_branch_rule, present_branch_rules, schedule_of_row,
+    get_row, mask_every_value, nudge, policies_of, present_branch_rule, present_branch_rules,
+    schedule_of_row,
 };
 use super::error::{ApiError, ApiResult};
 use super::extract::ApiJson;
@@ -27,6 +28,7 @@ use super::views::{
 };
 use crate::actions::secrets;
 use crate::actors::ask;
+use crate::cluster::{PartitionOwners, partition_of};
 use crate::messages::master::CancelOutcome;
 use crate::messages::memory_guard::MemoryStatus;
 use crate::messages::{MasterMsg, MemoryGuardMsg, PlanMsg, WriterMsg};
@@ -479,15 +481,11 @@ pub async fn instances(State(s): State<ApiState>) -> ApiResult<Json<Instances>> 
 
 #[utoipa::path(get, path = "/plan", tag = "plan",
     responses((status = 200, description = "The execution plan, with quarantined rows and held workflows", body = PlanView)))]
-pub async fn plan(State(s): State<ApiState>) -> ApiResult<Json<PlanView>> {
+pub async fn plan(State(s): State<ApiState>, headers: HeaderMap) -> ApiResult<Json<PlanView>> {
     let actor = s.directory().plan().ok_or_else(|| restarting("plan"))?;
     let snapshot = ask(&actor, PlanMsg::Snapshot).await?;
     let quarantine = ask(&actor, PlanMsg::Quarantine).await?;
-    let config = s.config();
-    let owners = s
-        .store()
-        .partition_owners(config.partition_count, &config.instance_id)
-        .await?;
+    let owners = owners_if_reachable(&s).await;
     let held: std::collections::HashMap<Uuid, &str> = quarantine
         .held
         .iter()
@@ -501,7 +499,10 @@ pub async fn plan(State(s): State<ApiState>) -> ApiResult<Json<PlanView>> {
                 .and_then(Value::as_str)
                 .and_then(|id| Uuid::parse_str(id).ok());
             if let (Some(id), Some(object)) = (id, workflow.as_object_mut()) {
-                let (partition, owner) = owners.of(&id);
+                let (partition, owner) = match &owners {
+                    Some(owners) => owners.of(&id),
+                    None => (partition_of(&id, s.config().partition_count), None),
+                };
                 object.insert("partition".into(), json!(partition));
                 object.insert("partition_owner".into(), json!(owner));
                 object.insert("held".into(), json!(held.get(&id)));
@@ -515,6 +516,7 @@ pub async fn plan(State(s): State<ApiState>) -> ApiResult<Json<PlanView>> {
     value = super::present::redact(&value);
     let mut view: PlanView = super::views::from_value(value)?;
     mask_details_by_templates(&mut view);
+    hide_outbox_outputs(&mut view, holds_token(&s, &headers));
     // The free-form parts (the catalog copies) show times like the rest.
     for list in [
         &mut view.outbox,
@@ -533,8 +535,50 @@ pub async fn plan(State(s): State<ApiState>) -> ApiResult<Json<PlanView>> {
     Ok(Json(view))
 }
 
+/// Which instance holds each partition, for the plan's views; `None`
+/// while the database is away. The plan is in memory and most worth
+/// seeing during an outage, so its views answer without the owners.
+async fn owners_if_reachable(s: &ApiState) -> Option<PartitionOwners> {
+    let config = s.config();
+    match s
+        .store()
+        .partition_owners(config.partition_count, &config.instance_id)
+        .await
+    {
+        Ok(owners) => Some(owners),
+        Err(e) => {
+            metrics::counter!(crate::metrics::DB_ERRORS_TOTAL, "op" => "leases").increment(1);
+            tracing::debug!("the plan is shown without its partition owners: {e}");
+            None
+        }
+    }
+}
+
+/// The outbox's results as `GET /executions` shows them: their output
+/// (response captures, program output) only to callers holding the token,
+/// and URL credentials masked in their error.
+fn hide_outbox_outputs(view: &mut PlanView, with_token: bool) {
+    for entry in &mut view.outbox {
+        let Some(finish) = entry.get_mut("finish").and_then(Value::as_object_mut) else {
+            continue;
+        };
+        if let Some(output) = finish.get_mut("output").filter(|output| !output.is_null()) {
+            *output = if with_token {
+                secrets::redact_named(output)
+            } else {
+                super::present::output_needs_token()
+            };
+        }
+        if let Some(Value::String(error)) = finish.get_mut("error") {
+            *error = secrets::mask_urls(error).into_owned();
+        }
+    }
+}
+
 /// The snapshot's action details with their params masked by their
-/// template's `secret_keys` too, as the catalog's endpoints show them.
+/// template's `secret_keys` too, as the catalog's endpoints show them. A
+/// detail whose template is not in the plan (quarantined: its config, and
+/// so its `secret_keys`, cannot be read) has every value masked.
 fn mask_details_by_templates(view: &mut PlanView) {
     let configs: HashMap<&str, &Value> = view
         .action_templates
@@ -546,8 +590,11 @@ fn mask_details_by_templates(view: &mut PlanView) {
             .get("action_template_id")
             .and_then(Value::as_str)
             .and_then(|id| configs.get(id).copied());
-        if let (Some(config), Some(params)) = (template, detail.get_mut("params")) {
-            *params = secrets::redact_params(params, Some(config));
+        if let Some(params) = detail.get_mut("params") {
+            *params = match template {
+                Some(config) => secrets::redact_params(params, Some(config)),
+                None => mask_every_value(params),
+            };
         }
     }
 }
@@ -774,15 +821,11 @@ pub async fn plan_workflows(
         after,
         by_next_run: q.sort == Some(WorkflowSort::NextRun),
     };
-    let config = s.config();
-    let owners = s
-        .store()
-        .partition_owners(config.partition_count, &config.instance_id)
-        .await?;
+    let owners = owners_if_reachable(&s).await;
     let actor = s.directory().plan().ok_or_else(|| restarting("plan"))?;
     let page = ask(&actor, |reply| PlanMsg::Browse {
         query: Box::new(query),
-        owners: Some(owners),
+        owners,
         reply,
     })
     .await?;

@@ -56,6 +56,7 @@ pub fn keep_stored_secrets(
     for column in SECRET_COLUMNS {
         if let Some(value) = changes.get_mut(*column) {
             let old = stored.get(*column);
+            let sent = value.clone();
             secrets::restore_masked(old, value, column).map_err(|field| {
                 ApiError::field(
                     field,
@@ -65,6 +66,11 @@ pub fn keep_stored_secrets(
                     ),
                 )
             })?;
+            if *value != sent
+                && let Some((field, message)) = secrets::unsafe_to_keep(old, value, column)
+            {
+                return Err(ApiError::field(field, message));
+            }
         }
     }
     Ok(())
