@@ -779,6 +779,14 @@ both_backends!(
         assert_eq!(resumed.json["operation_time_to"], Value::Null);
         let stored = api.get(&path).await.json;
         assert_eq!(stored["is_force_stopped"], false, "{stored}");
+        // Run now on a rule that would not run is a 409 naming the flag.
+        let inactive = api
+            .put(&format!("{path}/status"), &json!({"is_active": false}))
+            .await;
+        assert_eq!(inactive.status, StatusCode::OK, "{}", inactive.text);
+        let refused = api.post_empty(&format!("{path}/run")).await;
+        assert_eq!(refused.status, StatusCode::CONFLICT, "{}", refused.text);
+        assert!(refused.text.contains("is_active"), "{}", refused.text);
         assert_eq!(stored["operation_time_from"], Value::Null, "{stored}");
         assert_eq!(
             api.get("/api/v1/branch-rules/due").await.status,

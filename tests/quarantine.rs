@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::api::metric_sample;
 use common::process::{Install, signal, stdout, wait_exit};
 use common::rules::{YEARLY, insert_rule, step, yearly_after};
-use common::{TestDb, eventually};
+use common::{TestDb, eventually, wait_for_execution};
 use ruled::model::{Execution, ExecutionStatus};
 use ruled::store::Store;
 use serde_json::{Value, json};
@@ -155,12 +155,12 @@ both_backends!(
 
         // The zone breaks while the slow rule runs: that execution records
         // why it has no next run, and the rule is held.
-        eventually(DEADLINE, "the slow rule to be running", || async {
-            executions(&store, breaks_while_running)
-                .await
-                .iter()
-                .any(|e| e.status == ExecutionStatus::Running)
-        })
+        wait_for_execution(
+            &store,
+            breaks_while_running,
+            ExecutionStatus::Running,
+            DEADLINE,
+        )
         .await;
         sql(
             &store,
@@ -428,28 +428,14 @@ both_backends!(
         let base = format!("http://{}", listening_on(&install));
         let client = common::api::client();
 
-        let completed = |id: Uuid| {
-            let store = &store;
-            async move {
-                executions(store, id)
-                    .await
-                    .iter()
-                    .any(|e| e.status == ExecutionStatus::Completed)
-            }
-        };
-        eventually(
-            DEADLINE,
-            "the rule flagged running without a lock to run",
-            || completed(flagged),
-        )
-        .await;
+        wait_for_execution(&store, flagged, ExecutionStatus::Completed, DEADLINE).await;
 
-        eventually(DEADLINE, "the slow rule to be running", || async {
-            executions(&store, broken_while_running)
-                .await
-                .iter()
-                .any(|e| e.status == ExecutionStatus::Running)
-        })
+        wait_for_execution(
+            &store,
+            broken_while_running,
+            ExecutionStatus::Running,
+            DEADLINE,
+        )
         .await;
         sql(
             &store,
@@ -460,9 +446,12 @@ both_backends!(
         .await;
         // Its action ran: the finish lands, the lock is released, and the
         // row is quarantined, not left running or retried.
-        eventually(DEADLINE, "the broken rule's run to be recorded", || {
-            completed(broken_while_running)
-        })
+        wait_for_execution(
+            &store,
+            broken_while_running,
+            ExecutionStatus::Completed,
+            DEADLINE,
+        )
         .await;
         install.wait_for_log("serve.log", "its branch rule no longer reads");
         let released = store
@@ -480,9 +469,12 @@ both_backends!(
         sql(&store, &format!(
             "UPDATE branch_rules SET is_active = TRUE, updated_at = {t} WHERE id = '{switched_on_later}'"
         )).await;
-        eventually(DEADLINE, "the rule switched on to run", || {
-            completed(switched_on_later)
-        })
+        wait_for_execution(
+            &store,
+            switched_on_later,
+            ExecutionStatus::Completed,
+            DEADLINE,
+        )
         .await;
 
         let (status, body) = get(&client, &format!("{base}/api/v1/plan")).await;

@@ -80,7 +80,9 @@ pub async fn set_status(
 
 /// Run now: the rule becomes due at once and goes through the same claim,
 /// queue and worker as a scheduled run, so every rule of the engine (one
-/// run at a time, dedup, window, throttling) still holds.
+/// run at a time, dedup, window, throttling) still holds. A rule switched
+/// off or force-stopped would never run: a 409 says which flag to change,
+/// rather than a 202 for a run that cannot come.
 #[utoipa::path(post, path = "/branch-rules/{id}/run", tag = "branch rules",
     params(("id" = Uuid, Path, description = "Branch rule id")),
     responses((status = 202, description = "Due now; it runs through the usual claim and window", body = RunAccepted)),
@@ -89,7 +91,20 @@ pub async fn run_now(
     State(s): State<ApiState>,
     Path(id): Path<String>,
 ) -> ApiResult<(StatusCode, Json<RunAccepted>)> {
-    let (uuid, _) = branch_rule(&s, &id).await?;
+    let (uuid, row) = branch_rule(&s, &id).await?;
+    let flag = |name: &str| row.get(name).and_then(Value::as_bool);
+    if flag("is_active") == Some(false) {
+        return Err(ApiError::Conflict(
+            "is_active is false: activate it (PUT /branch-rules/{id}/status) to run it".into(),
+        ));
+    }
+    if flag("is_force_stopped") == Some(true) {
+        return Err(ApiError::Conflict(
+            "is_force_stopped is true: resume it (PUT /branch-rules/{id} with \
+             \"is_force_stopped\": false) to run it"
+                .into(),
+        ));
+    }
     let now = s.clock().now_ms();
     let mut changes = Map::new();
     changes.insert("next_run_time".into(), now.into());

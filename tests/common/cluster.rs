@@ -1371,7 +1371,15 @@ pub fn with_user(url: &str, user: &str) -> String {
 
 /// Whether Debian's `faketime` is installed.
 pub fn faketime_available() -> bool {
-    faketime_env("+0s").is_some()
+    // Tried a few times: one CI run saw the probe fail once on a machine
+    // that had faketime (it creates a semaphore and shared memory in
+    // /dev/shm for each run), while two dozen service processes started.
+    (0..5).any(|attempt| {
+        if attempt > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        faketime_env("+0s").is_some()
+    })
 }
 
 /// The environment `faketime -m -f OFFSET` gives its program (libfaketime
@@ -1387,6 +1395,11 @@ pub fn faketime_env(offset: &str) -> Option<Vec<(String, String)>> {
         .output()
         .ok()?;
     if !output.status.success() {
+        eprintln!(
+            "faketime -m -f {offset} env: {} {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
         return None;
     }
     let text = String::from_utf8_lossy(&output.stdout);
