@@ -125,7 +125,8 @@ impl<'r, R: AnyRow> RowReader<'r, R> {
             .map(|text| {
                 let id = Uuid::parse_str(&text)
                     .map_err(|e| self.error(column, format!("invalid UUID {text:?}: {e}")))?;
-                if id_text(id) != text {
+                // Compared on the stack: ids are decoded on every claim.
+                if id.hyphenated().encode_lower(&mut Uuid::encode_buffer()) != text.as_str() {
                     return Err(self.error(
                         column,
                         format!(
