@@ -186,6 +186,12 @@ pub fn misdeclared_secret_keys(value: &Value, prefix: &str) -> Option<(String, S
                     format!("is spelled {SECRET_KEYS_FIELD:?} here: under another name it protects nothing"),
                 ));
             }
+            // What `headers`, `env` and `body` hold is the payload, sent as
+            // it is (an env var named SECRET_KEYS is the program's), and
+            // all of it is masked anyway.
+            if SECRET_CONTAINERS.contains(&key.as_str()) {
+                return None;
+            }
             misdeclared_secret_keys(item, &format!("{path}."))
         }),
         Value::Array(items) => items
@@ -413,6 +419,7 @@ pub fn restore_masked(
 /// [`restore_masked`].
 pub fn unsafe_to_keep(
     stored: Option<&Value>,
+    sent: &Value,
     kept: &Value,
     field: &str,
 ) -> Option<(String, String)> {
@@ -431,9 +438,23 @@ pub fn unsafe_to_keep(
     secret_key_lists(stored, field, &mut declared);
     let mut still = Vec::new();
     secret_key_lists(kept, field, &mut still);
+    let mut restored = Vec::new();
+    restored_paths(sent, kept, field, &mut restored);
+    // A name dropped matters only where a value kept sits under it.
+    let keeps_under = |list_path: &str, name: &str| {
+        let object = list_path
+            .strip_suffix(SECRET_KEYS_FIELD)
+            .unwrap_or(list_path);
+        restored.iter().any(|path| {
+            path.strip_prefix(object).is_some_and(|rest| {
+                let key = rest.split(['.', '[']).next().unwrap_or_default();
+                key.eq_ignore_ascii_case(name)
+            })
+        })
+    };
     declared
         .into_iter()
-        .find(|entry| !still.contains(entry))
+        .find(|entry| !still.contains(entry) && keeps_under(&entry.0, &entry.1))
         .map(|(path, name)| {
             (
                 path,
@@ -443,6 +464,31 @@ pub fn unsafe_to_keep(
                 ),
             )
         })
+}
+
+/// The paths (as [`secret_key_lists`] writes them) where `sent` held a
+/// [`MASK`] that [`restore_masked`] replaced with a stored value.
+fn restored_paths(sent: &Value, kept: &Value, path: &str, out: &mut Vec<String>) {
+    match (sent, kept) {
+        (Value::String(text), kept)
+            if text.contains(MASK) && kept.as_str() != Some(text.as_str()) =>
+        {
+            out.push(path.to_string());
+        }
+        (Value::Object(sent), Value::Object(kept)) => {
+            for (key, item) in sent {
+                if let Some(kept_item) = kept.get(key) {
+                    restored_paths(item, kept_item, &format!("{path}.{key}"), out);
+                }
+            }
+        }
+        (Value::Array(sent), Value::Array(kept)) => {
+            for (i, (item, kept_item)) in sent.iter().zip(kept).enumerate() {
+                restored_paths(item, kept_item, &format!("{path}[{i}]"), out);
+            }
+        }
+        _ => {}
+    }
 }
 
 /// Every `(path of a secret_keys list, name it lists)` in `value`.
@@ -857,9 +903,9 @@ mod tests {
             "tenant": "T0K",
         });
         let keep = |body: Value| {
-            let mut kept = body;
+            let mut kept = body.clone();
             restore_masked(Some(&stored), &mut kept, "config").unwrap();
-            unsafe_to_keep(Some(&stored), &kept, "config").map(|(field, _)| field)
+            unsafe_to_keep(Some(&stored), &body, &kept, "config").map(|(field, _)| field)
         };
         let same = json!({
             "url": "https://api.example/x",
@@ -881,19 +927,29 @@ mod tests {
             "tenant": "***",
         });
         assert_eq!(keep(undeclared).as_deref(), Some("config.secret_keys"));
+        // Dropping a name whose value is sent in clear, while another
+        // secret is kept, is fine.
+        let resent = json!({
+            "url": "https://api.example/x",
+            "headers": {"Authorization": "***"},
+            "tenant": "T0K-now-public",
+        });
+        assert_eq!(keep(resent), None);
     }
 
     #[test]
     fn secret_keys_that_would_protect_nothing_are_named() {
         let ok = json!({"secret_keys": ["tenant"], "tenant": "T0K", "nested": {"secret_keys": []}});
         assert_eq!(misdeclared_secret_keys(&ok, "config."), None);
+        let payload = json!({"env": {"SECRET_KEYS": "a,b"}, "body": {"secretKeys": "x"}});
+        assert_eq!(misdeclared_secret_keys(&payload, "config."), None);
         for (value, field) in [
             (json!({"secret_keys": "tenant"}), "config.secret_keys"),
             (json!({"secret_keys": [1]}), "config.secret_keys"),
             (json!({"secretKeys": ["tenant"]}), "config.secretKeys"),
             (
-                json!({"headers": {"SECRET-KEYS": ["x"]}}),
-                "config.headers.SECRET-KEYS",
+                json!({"auth": {"SECRET-KEYS": ["x"]}}),
+                "config.auth.SECRET-KEYS",
             ),
             (
                 json!({"steps": [{}, {"secret_keys": {}}]}),

@@ -1244,8 +1244,9 @@ pub struct BranchRuleUpdate {
     #[serde(skip_serializing_if = "Option::is_none")]
     is_active: Option<bool>,
     /// `false` resumes a force-stopped rule (its missed occurrences go by
-    /// its misfire policy). `true` stops new runs but, unlike
-    /// `POST /branch-rules/{id}/force-stop`, leaves a run in progress.
+    /// its misfire policy). `true` force-stops it, as
+    /// `POST /branch-rules/{id}/force-stop` does: a run in progress is
+    /// cancelled by the instance running it.
     #[serde(skip_serializing_if = "Option::is_none")]
     is_force_stopped: Option<bool>,
     /// Changed as a pair with `operation_time_to`; `null` on both removes

@@ -67,7 +67,7 @@ pub fn keep_stored_secrets(
                 )
             })?;
             if *value != sent
-                && let Some((field, message)) = secrets::unsafe_to_keep(old, value, column)
+                && let Some((field, message)) = secrets::unsafe_to_keep(old, &sent, value, column)
             {
                 return Err(ApiError::field(field, message));
             }
