@@ -578,11 +578,7 @@ fn hide_outbox_outputs(view: &mut PlanView, with_token: bool) {
             continue;
         };
         if let Some(output) = finish.get_mut("output").filter(|output| !output.is_null()) {
-            *output = if with_token {
-                secrets::redact_named(output)
-            } else {
-                super::present::output_needs_token()
-            };
+            *output = super::views::shown_output(output, with_token);
         }
         if let Some(Value::String(error)) = finish.get_mut("error") {
             *error = secrets::mask_urls(error).into_owned();

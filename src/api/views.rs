@@ -301,17 +301,23 @@ pub struct Execution {
     pub updated_at: Timestamp,
 }
 
+/// An action's output as the API shows it: only to callers holding the
+/// token, since response captures can echo credentials.
+pub fn shown_output(output: &Value, with_token: bool) -> Value {
+    if with_token {
+        secrets::redact_named(output)
+    } else {
+        super::present::output_needs_token()
+    }
+}
+
 impl Execution {
-    /// The API's view of a stored execution; its output only for callers
-    /// holding the token, since response captures can echo credentials.
+    /// The API's view of a stored execution (see [`shown_output`]).
     pub fn shown(execution: &crate::model::Execution, with_token: bool) -> Execution {
-        let output = execution.output.as_ref().map(|output| {
-            if with_token {
-                secrets::redact_named(output)
-            } else {
-                super::present::output_needs_token()
-            }
-        });
+        let output = execution
+            .output
+            .as_ref()
+            .map(|output| shown_output(output, with_token));
         Execution {
             id: execution.id,
             branch_rule_id: execution.branch_rule_id,
