@@ -32,6 +32,9 @@
     reloadTimer: null,
     loading: false,
     reloadAgain: false,
+    // The current page's setup: done, or under way in navigate().
+    mounted: false,
+    mounting: false,
     ruleNames: new Map(),
   };
 
@@ -204,6 +207,7 @@
     else if (state.readOnly) mode.textContent = "Read-only console: the service has no API_TOKEN set, so actions are disabled.";
     else if (token()) mode.textContent = "Token entered for this tab; actions are enabled.";
     else mode.textContent = "Viewing without a token: enter the API token to act.";
+    refreshWhyLines();
   }
 
   /// A button for a change; disabled with its reason when changes are off.
@@ -230,9 +234,19 @@
     return button;
   }
 
+  /// Why actions are off, kept current by renderMode: a token entered
+  /// later must not leave a page saying to enter one.
   function whyLine() {
     const why = actionsBlocked();
-    return why ? el("p", { class: "why", "data-why": "actions", text: why }) : null;
+    return el("p", { class: "why", "data-why": "actions", hidden: !why, text: why || "" });
+  }
+
+  function refreshWhyLines() {
+    const why = actionsBlocked();
+    for (const line of document.querySelectorAll("[data-why='actions']")) {
+      line.textContent = why || "";
+      line.hidden = !why;
+    }
   }
 
   document.getElementById("token-form").addEventListener("submit", (event) => {
@@ -603,10 +617,15 @@
         el("div", { class: "actions" },
           actionButton("Run now", async () => { await api("/branch-rules/" + id + "/run", { method: "POST" }); return "Run requested: it is due now."; }, { class: "primary", action: "run-now" }),
           toggle,
-          actionButton("Force stop", async () => {
-            const reply = await api("/branch-rules/" + id + "/force-stop", { method: "POST" });
-            return "Force-stopped; its run: " + String(reply.cancel).replace(/_/g, " ") + ".";
-          }, { class: "danger", action: "force-stop" })),
+          row.is_force_stopped
+            ? actionButton("Resume", async () => {
+              await api("/branch-rules/" + id, { method: "PUT", body: { is_force_stopped: false } });
+              return "Resumed: no longer force-stopped.";
+            }, { action: "resume" })
+            : actionButton("Force stop", async () => {
+              const reply = await api("/branch-rules/" + id + "/force-stop", { method: "POST" });
+              return "Force-stopped; its run: " + String(reply.cancel).replace(/_/g, " ") + ".";
+            }, { class: "danger", action: "force-stop" })),
         whyLine(),
         el("div", { class: "grid" },
           el("section", { class: "card", "aria-labelledby": "h-facts" },
@@ -684,7 +703,7 @@
           query.get("branch_rule_id") || "", (v) => update("branch_rule_id", v)),
           timeInput("from", "Requested from (UTC)"),
           timeInput("to", "Requested before (UTC)")),
-        ...[whyLine(), el("div", { id: "region" })].filter(Boolean));
+        whyLine(), el("div", { id: "region" }));
     },
     async load(region) {
       const { query } = params();
@@ -718,11 +737,20 @@
   }
 
   async function reload() {
-    if (!state.page) return;
+    if (!state.page || state.mounting) return;
     if (state.loading) { state.reloadAgain = true; return; }
     state.loading = true;
     const page = state.page;
     try {
+      // A page whose setup failed (the database was away) is set up again
+      // here, so it fills in once the service answers.
+      if (!state.mounted) {
+        main.replaceChildren();
+        await page.mount(main);
+        if (page !== state.page) return;
+        state.mounted = true;
+        clearNotice();
+      }
       const region = document.getElementById("region");
       if (region) await page.load(region);
     } catch (error) {
@@ -753,10 +781,15 @@
     document.title = page.title + " · ruled console";
     main.replaceChildren();
     main.dataset.page = name;
+    state.mounted = false;
+    state.mounting = true;
     try {
       await page.mount(main);
+      state.mounted = page === state.page;
     } catch (error) {
       show(describeFailure(error), "error");
+    } finally {
+      state.mounting = false;
     }
     await reload();
     main.dataset.loaded = "true";
@@ -769,6 +802,15 @@
     source.addEventListener("error", () => { live.textContent = "reconnecting…"; live.classList.remove("on"); });
     source.addEventListener("execution", () => scheduleReload());
     source.addEventListener("throttle", () => scheduleReload());
+  }
+
+  // The skip link moves the focus without touching the fragment: the
+  // fragment is the page's route and filters.
+  for (const skip of document.querySelectorAll("a.skip")) {
+    skip.addEventListener("click", (event) => {
+      event.preventDefault();
+      main.focus();
+    });
   }
 
   window.addEventListener("hashchange", () => {

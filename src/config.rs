@@ -128,6 +128,11 @@ fn parse_named_tokens(text: &str) -> Result<Vec<NamedToken>, String> {
     Ok(tokens)
 }
 
+/// The longest interval a setting takes. Longer ones mean "never" in
+/// practice, and a duration near u64::MAX seconds panics where it is added
+/// to an instant.
+const MAX_SECONDS: f64 = 10.0 * 365.0 * 86_400.0;
+
 /// More partitions than this only cost lease rows and renewals.
 pub const MAX_PARTITION_COUNT: u32 = 4096;
 
@@ -342,6 +347,11 @@ impl Config {
             true,
         )?;
         env.seconds(
+            "PLAN_FULL_REFRESH_SECONDS",
+            &mut c.plan_full_refresh_interval,
+            true,
+        )?;
+        env.seconds(
             "PLAN_MIN_WRITE_INTERVAL_SECONDS",
             &mut c.plan_min_write_interval,
             false,
@@ -352,7 +362,7 @@ impl Config {
             "PLAN_WORKFLOW_MAX_AGE_HOURS",
             &mut max_age_hours,
             0.0,
-            f64::MAX,
+            MAX_SECONDS / 3600.0,
         )?;
         c.plan_workflow_max_age = Duration::from_secs_f64(max_age_hours * 3600.0);
         env.seconds(
@@ -649,6 +659,12 @@ impl Env<'_> {
                 };
                 return Err(self.error(name, &format!("must be {bound} seconds")));
             }
+            if value > MAX_SECONDS {
+                return Err(self.error(
+                    name,
+                    &format!("must be at most {MAX_SECONDS} seconds (ten years)"),
+                ));
+            }
             *slot = Duration::from_secs_f64(value);
         }
         Ok(())
@@ -710,6 +726,9 @@ mod tests {
         assert_eq!(c.database_url, "sqlite://data/ruled.db");
         assert_eq!(c.plan_action_details_cap, 1500);
         assert_eq!(c.plan_workflow_max_age, Duration::from_secs(86_400));
+        assert_eq!(c.plan_full_refresh_interval, Duration::from_secs(300));
+        let c = config(&[("PLAN_FULL_REFRESH_SECONDS", "42")]).unwrap();
+        assert_eq!(c.plan_full_refresh_interval, Duration::from_secs(42));
         assert_eq!(c.http_addr.to_string(), "127.0.0.1:8080");
         assert_eq!(c.api_token, None);
         assert!(!c.instance_id.is_empty());
@@ -733,6 +752,11 @@ mod tests {
             ("BACKLOG_WINDOW_SECONDS", "0"),
             ("EXECUTION_RETENTION_DAYS", "-1"),
             ("EXECUTION_RETENTION_DAYS", "36501"),
+            // Past what a Duration holds: an error, not a panic.
+            ("EXECUTION_PLAN_REFRESH_SECONDS", "1e20"),
+            ("SHUTDOWN_GRACE_SECONDS", "99999999999999999999"),
+            ("PLAN_WORKFLOW_MAX_AGE_HOURS", "1e16"),
+            ("PLAN_FULL_REFRESH_SECONDS", "0"),
         ];
         for (variable, value) in cases {
             let err = config(&[(variable, value)]).unwrap_err();

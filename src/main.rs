@@ -48,9 +48,9 @@ enum Command {
         /// Start after this RFC 3339 time (default: now).
         #[arg(long)]
         from: Option<String>,
-        /// How many runs to print.
-        #[arg(long, default_value_t = 10)]
-        count: usize,
+        /// How many runs to print (1 to 1000, as the API's preview).
+        #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=1000))]
+        count: u64,
         /// A policy object, e.g. '{"misfire":"run_all","start_jitter_seconds":60}':
         /// show what runs under it and which occurrences it skips.
         #[arg(long)]
@@ -203,7 +203,7 @@ async fn run(command: Command, config: Config) -> anyhow::Result<()> {
                 timezone: tz.as_deref(),
                 window: window.as_deref(),
                 from: from.as_deref(),
-                count,
+                count: count as usize,
                 policy: policy.as_deref(),
             };
             for line in

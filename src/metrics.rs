@@ -120,6 +120,7 @@ pub const DB_ERROR_OPS: &[&str] = &[
     "cancel_requests",
     "heartbeat",
     "leases",
+    "leave",
     "mark_running",
     "mark_scheduled",
     "outbox",

@@ -12,7 +12,7 @@ use tracing::{error, info, warn};
 use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::actions::{ActionRegistry, ActionSettings};
-use crate::actors::{AskError, ask};
+use crate::actors::{AskError, ask, ask_within};
 use crate::api::{ApiState, HttpServer};
 use crate::clock::{Clock, millis_to_utc};
 use crate::config::Config;
@@ -24,7 +24,7 @@ use crate::model::Millis;
 use crate::persist::{PersistError, PreviousStop, ShutdownMarker, take_marker, write_marker};
 use crate::recovery::{self, RecoveryError};
 use crate::store::{Store, StoreError, TransitionBatcher};
-use crate::supervision::{Escalation, RootSupervisor, SupervisorArgs};
+use crate::supervision::{Escalation, RootSupervisor, SupervisorArgs, shutdown_bound};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {
@@ -291,7 +291,8 @@ impl Service {
         // No new API requests while the engine drains: they could start
         // work (run now) that the drain would only cancel.
         self.http.stop().await;
-        let stopped = ask(&self.supervisor, SupervisorMsg::Shutdown).await;
+        let bound = shutdown_bound(self.config.shutdown_grace);
+        let stopped = ask_within(&self.supervisor, bound, SupervisorMsg::Shutdown).await;
         self.supervisor.stop(Some("shutdown".into()));
         let _ = self.supervisor_task.await;
         self.store.close().await;

@@ -153,6 +153,42 @@ async fn a_panicked_writer_is_restarted_and_due_rules_run() {
     panic_once_and_run_a_rule(ActorKind::Writer).await;
 }
 
+/// A restarted writer has lost whatever write it held back; the plan sends
+/// it a whole snapshot at once, not at its next change (an outbox entry
+/// made just before the panic would wait on an idle system, and a kill
+/// then lost it). The plan file, removed here, comes back with no change
+/// to the plan.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_writer_gets_the_whole_plan_at_once() {
+    let db = sqlite_db().await;
+    let running = start(&db.url, 2).await;
+    let service = &running.service;
+    let plan_file = running.dir.path().join("plan.json");
+    // A rule not due for a year: the plan changes once, then stays still.
+    insert_rule(
+        service.store(),
+        YEARLY,
+        now_ms() + 365 * 86_400_000,
+        &[step("noop", json!({}))],
+    )
+    .await;
+    eventually(DEADLINE, "the plan file is written", || async {
+        plan_file.exists()
+    })
+    .await;
+    std::fs::remove_file(&plan_file).unwrap();
+    assert!(
+        service
+            .directory()
+            .inject_panic(ActorKind::Writer, "test: writer panics")
+    );
+    eventually(DEADLINE, "the plan file is written again", || async {
+        restarts(service, ActorKind::Writer).await == 1 && plan_file.exists()
+    })
+    .await;
+    running.service.shutdown("test").await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panicked_refresher_is_restarted_and_due_rules_run() {
     panic_once_and_run_a_rule(ActorKind::Refresher).await;

@@ -546,6 +546,10 @@ both_backends!(
             .post("/api/v1/brands", &body)
             .await;
         assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
+        for refused in [&missing, &wrong] {
+            let challenge = refused.headers["www-authenticate"].to_str().unwrap();
+            assert!(challenge.starts_with("Bearer"), "{challenge}");
+        }
         assert_eq!(
             api.without_token().get("/api/v1/brands").await.status,
             StatusCode::OK

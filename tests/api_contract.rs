@@ -61,8 +61,8 @@ async fn raw(
     }
     let response = request.send().await.unwrap();
     let status = response.status();
-    let allow = response
-        .headers()
+    let headers = response.headers().clone();
+    let allow = headers
         .get("allow")
         .map(|v| v.to_str().unwrap().to_string());
     let text = response.text().await.unwrap();
@@ -70,7 +70,12 @@ async fn raw(
     if let Some(allow) = allow {
         json["__allow"] = Value::String(allow);
     }
-    Reply { status, json, text }
+    Reply {
+        status,
+        headers,
+        json,
+        text,
+    }
 }
 
 /// The reply is the envelope with this status and code, and nothing else.

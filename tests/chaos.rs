@@ -931,6 +931,58 @@ fn rolling_restart_of_all_three_loses_and_repeats_nothing() {
     });
 }
 
+/// A graceful stop hands its partitions to its peers as its drain begins,
+/// not a TTL after it ends: while its own jobs finish (it keeps
+/// heartbeating, so nobody takes it over), the peer serves every
+/// partition, and nothing runs twice.
+#[test]
+fn a_graceful_stop_hands_its_partitions_on_while_its_jobs_finish() {
+    run("graceful_handover", |db| async move {
+        let cluster = Cluster::start(&db, 2, &[("WORKER_COUNT", "4")]).await;
+        cluster.wait_until_cluster_ready(READY).await;
+        let due = cluster
+            .seed(8, Action::Sleep(8_000), Due::DbNow(500), 0)
+            .await;
+        let leaving = cluster.id(0).to_string();
+        let staying = cluster.id(1).to_string();
+        wait_until_running(&cluster, 1, Some(&leaving), Duration::from_secs(20)).await;
+        cluster.sigterm(0);
+        cluster
+            .poll(
+                "the peer holds every partition",
+                Duration::from_secs(6),
+                || async {
+                    let held = cluster.held().await;
+                    if held.get(&staying) == Some(&24) && !held.contains_key(&leaving) {
+                        Ok(())
+                    } else {
+                        Err(format!("{held:?}"))
+                    }
+                },
+            )
+            .await;
+        assert!(
+            cluster.is_running(0),
+            "{leaving} exited before the handover was seen: its 8 s job should still be draining"
+        );
+        let status = cluster.wait_exit(0, Duration::from_secs(40));
+        assert_eq!(
+            status.code(),
+            Some(0),
+            "{leaving} did not stop cleanly: {status}"
+        );
+        let expect = Expect::completed(&due);
+        cluster
+            .wait_until_all_done(&expect, Duration::from_secs(60))
+            .await;
+        let executions = cluster.check_invariants(&expect).await;
+        assert!(
+            executions.iter().all(|e| e.attempt == 1),
+            "a graceful stop repeated an attempt"
+        );
+    });
+}
+
 // ---------------------------------------------------------------------------
 // 7. A queue longer than the claim lease
 // ---------------------------------------------------------------------------

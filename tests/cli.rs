@@ -101,6 +101,27 @@ fn preview_prints_runs_in_utc_and_local_time_across_dst() {
         "{}",
         stderr(&output)
     );
+
+    // Each bad argument is named, and none panics (exit 101) or tries to
+    // allocate what it was asked for.
+    for (args, flag) in [
+        (&["--tz", "Mars/Olympus"][..], "--tz"),
+        (&["--window", "9-17"][..], "--window"),
+        (&["--count", "0"][..], "--count"),
+        (&["--count", "18446744073709551615"][..], "--count"),
+        (&["--count", "1001"][..], "--count"),
+    ] {
+        let mut command = vec!["preview", "* * * * *"];
+        command.extend_from_slice(args);
+        let output = install.run(&command);
+        assert!(!output.status.success(), "{args:?}");
+        assert_ne!(output.status.code(), Some(101), "{args:?}: a panic");
+        assert!(
+            stderr(&output).contains(flag),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+    }
 }
 
 #[test]

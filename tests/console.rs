@@ -543,6 +543,39 @@ async fn every_page_shows_what_the_api_says_and_every_button_works() {
         server.get(&format!("/branch-rules/{sleeper}")).await["is_force_stopped"],
         true
     );
+    // The skip link moves the focus and leaves the route alone: the page
+    // goes on showing this rule, with no error at the next reloads.
+    let route = browser.execute("return location.hash;", vec![]).await;
+    click(&browser, "a.skip").await;
+    assert_eq!(
+        browser.execute("return location.hash;", vec![]).await,
+        route
+    );
+    assert_eq!(
+        browser
+            .execute("return document.activeElement.id;", vec![])
+            .await,
+        json!("main")
+    );
+    // Resume: the console lifts the force stop it set.
+    let resumed = act(&browser, "resume").await;
+    assert!(resumed.contains("Resumed"), "{resumed}");
+    browser
+        .wait_until(
+            "the rule to show resumed",
+            DEADLINE,
+            "const f = document.querySelector(\"[data-field='is_force_stopped']\"); \
+             return f && f.textContent === 'no' && !!document.querySelector(\"button[data-action='force-stop']\");",
+        )
+        .await;
+    assert_eq!(
+        server.get(&format!("/branch-rules/{sleeper}")).await["is_force_stopped"],
+        false
+    );
+    let notice = browser
+        .execute("const n = document.getElementById('notice'); return n.hidden || !n.classList.contains('error');", vec![])
+        .await;
+    assert_eq!(notice, json!(true), "an error after the skip link");
 
     // The Executions page lists what the database holds: the rule's runs,
     // newest first, each with its status.
@@ -744,6 +777,82 @@ async fn the_event_stream_reports_each_state_of_a_run_from_the_database() {
     let mut deduped = statuses.clone();
     deduped.dedup();
     assert_eq!(deduped, statuses, "a status reported twice");
+}
+
+/// Completed executions written straight into the install's database,
+/// each `requested_at` given: runs that began and ended between two looks.
+async fn insert_completed_runs(server: &Server, rule: &str, requested: &[i64]) {
+    let url = format!("sqlite://{}", server.install.path("ruled.db").display());
+    let store = ruled::store::Store::connect(&url).await.unwrap();
+    let rows: Vec<String> = requested
+        .iter()
+        .map(|at| {
+            format!(
+                "('{}', '{rule}', {at}, 'completed', 1, 'test', 1, {at}, {at}, {at}, {at}, {at}, {at})",
+                uuid::Uuid::new_v4()
+            )
+        })
+        .collect();
+    store
+        .execute_sql(&format!(
+            "INSERT INTO executions (id, branch_rule_id, scheduled_for, status, attempt, owner, \
+             lock_epoch, requested_at, scheduled_at, started_at, finished_at, created_at, \
+             updated_at) VALUES {}",
+            rows.join(", ")
+        ))
+        .await
+        .unwrap();
+    store.close().await;
+}
+
+/// More runs within the lookback than one read holds (issue 14's soak has
+/// 1,000 a minute): a run that starts and ends after them is still news.
+/// The read of new rows used to start at a fixed 30 s back and return the
+/// same oldest page forever.
+#[tokio::test]
+async fn the_event_stream_keeps_up_with_more_runs_than_a_page() {
+    let server = Server::start(Some(TOKEN));
+    let rule = server.sleeping_rule("Busy", 10).await;
+    let now = chrono::Utc::now().timestamp_millis();
+    let burst: Vec<i64> = (0..1_200).map(|n| now - 20_000 + n * 10).collect();
+    insert_completed_runs(&server, &rule, &burst).await;
+    let mut response = client()
+        .get(format!("{}/api/v1/events", server.base))
+        .send()
+        .await
+        .unwrap();
+    read_events(&mut response, |name, _| name == "hello").await;
+    // Runs keep coming; the first look only primes the feed, so any of
+    // those after it must be reported.
+    let mut marker_at = now;
+    let reported = loop {
+        marker_at = marker_at.max(chrono::Utc::now().timestamp_millis()) + 1;
+        insert_completed_runs(&server, &rule, &[marker_at]).await;
+        let wanted = tokio::time::timeout(
+            Duration::from_millis(1_500),
+            read_events(&mut response, |name, data| {
+                name == "execution" && data["branch_rule_id"] == rule.as_str()
+            }),
+        )
+        .await;
+        if let Ok(events) = wanted {
+            break events;
+        }
+        assert!(
+            chrono::Utc::now().timestamp_millis() < now + DEADLINE.as_millis() as i64,
+            "no run after the burst was ever reported"
+        );
+    };
+    let (_, data) = reported.last().unwrap();
+    assert_eq!(data["status"], "completed");
+    let burst_end = now - 20_000 + 1_200 * 10;
+    let at = chrono::DateTime::parse_from_rfc3339(data["requested_at"].as_str().unwrap())
+        .unwrap()
+        .timestamp_millis();
+    assert!(
+        at >= burst_end,
+        "a run of the primed burst was reported: {data}"
+    );
 }
 
 /// Times, in the browser, from navigation until the page rendered.

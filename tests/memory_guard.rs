@@ -238,22 +238,119 @@ both_backends!(
     }
 );
 
-/// The guard pushes only changes, so a master restarted during a throttle
-/// must ask for the state itself.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_master_restarted_while_throttled_stays_throttled() {
+// Claims queued when the throttle comes are given back (another instance
+// may run them); at the release they are claimed again at once, not held
+// back for the recently-processed window (30 s) as if they had run.
+both_backends!(
+    claims_queued_at_the_throttle_run_promptly_after_the_release,
+    tokio::test(flavor = "multi_thread", worker_threads = 2),
+    |db: TestDb| async move {
+        let feed = FedSampler::new(MemoryReading::ram_percent(50.0));
+        let running = start(&db, &feed, 1).await;
+        let service = &running.service;
+        let now = now_ms();
+        // Due first, so the one worker takes it and the others queue.
+        let long = insert_rule(
+            service.store(),
+            YEARLY,
+            now - 1_000,
+            &[step("sleep", json!({"ms": 1_500}))],
+        )
+        .await;
+        // Two: one worker claims at most two rounds of one ahead.
+        let mut queued = Vec::new();
+        for _ in 0..2 {
+            queued
+                .push(insert_rule(service.store(), YEARLY, now, &[step("noop", json!({}))]).await);
+        }
+        eventually(
+            DEADLINE,
+            "the long job runs and the others are claimed",
+            || async {
+                if !status_is(service, long, ExecutionStatus::Running).await {
+                    return false;
+                }
+                for id in &queued {
+                    if !status_is(service, *id, ExecutionStatus::Requested).await {
+                        return false;
+                    }
+                }
+                true
+            },
+        )
+        .await;
+        feed.set(MemoryReading::ram_percent(91.0));
+        eventually(DEADLINE, "the queued claims are given back", || async {
+            for id in &queued {
+                if !status_is(service, *id, ExecutionStatus::Cancelled).await {
+                    return false;
+                }
+            }
+            true
+        })
+        .await;
+        feed.set(MemoryReading::ram_percent(50.0));
+        // Well inside the 30 s the dedup window would have held them.
+        eventually(
+            Duration::from_secs(10),
+            "the given-back occurrences ran",
+            || async {
+                for id in &queued {
+                    if !status_is(service, *id, ExecutionStatus::Completed).await {
+                        return false;
+                    }
+                }
+                true
+            },
+        )
+        .await;
+        for id in &queued {
+            let runs = executions(service, *id).await;
+            let brief: Vec<(i64, ExecutionStatus)> =
+                runs.iter().map(|e| (e.attempt, e.status)).collect();
+            assert_eq!(
+                brief,
+                vec![
+                    (1, ExecutionStatus::Cancelled),
+                    (2, ExecutionStatus::Completed)
+                ],
+                "{runs:?}"
+            );
+            assert_eq!(runs[0].scheduled_for, runs[1].scheduled_for);
+            assert!(
+                runs[0]
+                    .error
+                    .as_deref()
+                    .is_some_and(|e| e.contains("memory is short")),
+                "{:?}",
+                runs[0].error
+            );
+        }
+        running.service.shutdown("test").await.unwrap();
+    }
+);
+
+/// `kind` panics while the throttle holds, memory then at `meanwhile` %;
+/// once it is back, a due rule is still held back, and runs when RAM falls
+/// under the resume level.
+async fn an_actor_restarted_while_throttled_keeps_the_throttle(kind: ActorKind, meanwhile: f64) {
     let db = sqlite_db().await;
     let feed = FedSampler::new(MemoryReading::ram_percent(95.0));
     let running = start(&db, &feed, 2).await;
     let service = &running.service;
     eventually(DEADLINE, "the guard throttles", || throttled(service)).await;
+    feed.set(MemoryReading::ram_percent(meanwhile));
     assert!(
         service
             .directory()
-            .inject_panic(ActorKind::Master, "test: master panics")
+            .inject_panic(kind, &format!("test: {kind} panics"))
     );
-    eventually(DEADLINE, "the master was restarted", || async {
-        restarts(service, ActorKind::Master).await == 1 && service.directory().master().is_some()
+    eventually(DEADLINE, &format!("the {kind} was restarted"), || async {
+        restarts(service, kind).await == 1
+            && service
+                .supervisor_stats()
+                .await
+                .is_ok_and(|stats| stats.alive[kind.as_str()])
     })
     .await;
     let id = insert_rule(
@@ -263,13 +360,33 @@ async fn a_master_restarted_while_throttled_stays_throttled() {
         &[step("noop", json!({}))],
     )
     .await;
-    assert_held_back(service, &[id], "the restarted master holds back").await;
-    feed.set(MemoryReading::ram_percent(50.0));
+    assert_held_back(
+        service,
+        &[id],
+        &format!("the throttle holds after the {kind} restarted"),
+    )
+    .await;
+    feed.set(MemoryReading::ram_percent(79.0));
     eventually(DEADLINE, "the rule ran after the release", || async {
         status_is(service, id, ExecutionStatus::Completed).await
     })
     .await;
     running.service.shutdown("test").await.unwrap();
+}
+
+/// The guard pushes only changes, so a master restarted during a throttle
+/// must ask for the state itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_restarted_while_throttled_stays_throttled() {
+    an_actor_restarted_while_throttled_keeps_the_throttle(ActorKind::Master, 95.0).await;
+}
+
+/// A guard restarted while throttled keeps the hysteresis: RAM between the
+/// resume (80 %) and throttle (90 %) levels holds the throttle, as it does
+/// without the restart. A fresh gate used to start released and lift it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_memory_guard_restarted_while_throttled_keeps_the_throttle() {
+    an_actor_restarted_while_throttled_keeps_the_throttle(ActorKind::MemoryGuard, 85.0).await;
 }
 
 #[test]

@@ -70,6 +70,21 @@ both_backends!(
             "{}",
             with_token.text
         );
+        // The overview's figures are this process's own: `/stats` answers,
+        // saying only the failures could not be read (SQLite's outage here
+        // is a held write lock: reads go on).
+        let stats = Api::at(service.http_addr(), None)
+            .get("/api/v1/stats")
+            .await;
+        assert_eq!(stats.status, 200, "{}", stats.text);
+        if db.backend == ruled::store::Backend::Postgres {
+            assert!(
+                stats.json["recent_errors_unavailable"].is_string(),
+                "{}",
+                stats.text
+            );
+        }
+        assert_eq!(stats.json["queue"]["active_jobs"], 0, "{}", stats.text);
         let workflow = snapshot.workflows.iter().find(|w| w.id() == id).unwrap();
         let now = chrono::Utc::now().timestamp_millis();
         assert!(

@@ -122,6 +122,13 @@ fn describe(runs: &[Execution]) -> String {
         .collect()
 }
 
+/// Each run as (occurrence, attempt, status).
+fn attempts(runs: &[Execution]) -> Vec<(Millis, i64, ExecutionStatus)> {
+    runs.iter()
+        .map(|e| (e.scheduled_for, e.attempt, e.status))
+        .collect()
+}
+
 fn all_terminal(runs: &[Execution]) -> bool {
     runs.iter().all(|e| e.finished_at.is_some())
 }
@@ -768,6 +775,106 @@ both_backends!(
     }
 );
 
+// A run lost to a crash always runs again (issue 13: "as today"), however
+// late the restart finds it: the misfire policy and the catch-up window
+// sort missed occurrences, not one that began and was lost. Recovery used
+// to leave it looking missed, and `misfire: skip` recorded it skipped.
+both_backends!(
+    a_run_lost_to_a_crash_runs_again_whatever_the_misfire_policy,
+    tokio::test(flavor = "multi_thread", worker_threads = 2),
+    |db: TestDb| async move {
+        let db = db;
+        let store = db.store().await;
+        let due = utc("2026-06-01T10:00:00Z");
+        let mut ids = Vec::new();
+        for rule_policy in [
+            json!({"misfire": "skip"}),
+            json!({"catchup_window_seconds": 30}),
+            json!({}),
+        ] {
+            let options = RuleOptions {
+                policy: Some(policy(rule_policy)),
+                now: Some(due - MINUTE),
+                ..RuleOptions::default()
+            };
+            let id = insert_rule_with(
+                &store,
+                "0 * * * *",
+                due,
+                &[step("sleep", json!({"ms": 3_000}))],
+                &options,
+            )
+            .await;
+            ids.push(id);
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let first = start_service_on_clock(
+            &db.url,
+            dir.path(),
+            Clock::starting_at(due + 1_000),
+            without_delays,
+        )
+        .await;
+        eventually(Duration::from_secs(30), "every rule runs", || async {
+            for id in &ids {
+                let runs = store.executions_for(*id).await.unwrap();
+                if !runs.iter().any(|e| e.status == ExecutionStatus::Running) {
+                    return false;
+                }
+            }
+            true
+        })
+        .await;
+        // A crash: nothing of the running jobs is recorded.
+        first.abort().await;
+        // Back five minutes later: each lost 10:00 is more than a minute
+        // late and past the catch-up window.
+        let second = start_service_on_clock(
+            &db.url,
+            dir.path(),
+            Clock::starting_at(due + 5 * MINUTE),
+            without_delays,
+        )
+        .await;
+        eventually(
+            Duration::from_secs(60),
+            "every lost run ran again",
+            || async {
+                for id in &ids {
+                    let runs = store.executions_for(*id).await.unwrap();
+                    let done = runs
+                        .iter()
+                        .any(|e| e.scheduled_for == due && e.status == ExecutionStatus::Completed);
+                    if !done || !all_terminal(&runs) {
+                        return false;
+                    }
+                }
+                true
+            },
+        )
+        .await;
+        second.shutdown("SIGTERM").await.unwrap();
+        for id in &ids {
+            let runs = store.executions_for(*id).await.unwrap();
+            let brief = attempts(&runs);
+            assert_eq!(
+                brief,
+                vec![
+                    (due, 1, ExecutionStatus::Failed),
+                    (due, 2, ExecutionStatus::Completed),
+                ],
+                "{}",
+                describe(&runs)
+            );
+            assert_eq!(runs[0].error.as_deref(), Some("worker_lost"));
+            let row = branch_rule(&store, *id).await;
+            assert_eq!(row.retry_of, None, "nothing owed any more");
+            assert_eq!(row.failed_attempts, 0, "a lost run is no failure");
+            assert_eq!(row.next_run_time, Some(due + HOUR));
+        }
+    }
+);
+
 // ---- c: retries ----------------------------------------------------------------
 
 /// A loopback HTTP server: `/flaky` answers 500, 500, then 200; `/fail`
@@ -926,10 +1033,7 @@ both_backends!(
 
         // Three attempts of one occurrence: failed, failed, completed.
         let runs = store.executions_for(flaky).await.unwrap();
-        let brief: Vec<(Millis, i64, ExecutionStatus)> = runs
-            .iter()
-            .map(|e| (e.scheduled_for, e.attempt, e.status))
-            .collect();
+        let brief = attempts(&runs);
         assert_eq!(
             brief,
             vec![

@@ -7,7 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::TestDb;
-use common::process::{DEADLINE, Install, signal, wait_exit};
+use common::process::{DEADLINE, Install, signal, wait_exit, wait_exit_within};
 use common::rules::{YEARLY, insert_rule, step};
 use ruled::model::{Execution, ExecutionStatus};
 use ruled::store::Store;
@@ -159,6 +159,38 @@ both_backends!(
         }
     }
 );
+
+/// A job still running when a grace period longer than an actor call's
+/// 30 s runs out is cancelled, and the stop is still a clean exit 0: the
+/// wait for the supervisor used to give up at 30 s while the drain went
+/// on, and the process exited 1 ("the supervisor did not answer").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_past_a_long_grace_period_still_exits_0() {
+    let db = common::sqlite_db().await;
+    let store = db.store().await;
+    let install = install(&db);
+    let id = insert_rule(
+        &store,
+        YEARLY,
+        now_ms(),
+        &[step("sleep", json!({"ms": 600_000}))],
+    )
+    .await;
+    let mut server = serve(&install, "serve.log", &[("SHUTDOWN_GRACE_SECONDS", "32")]);
+    until("the long job runs", || async {
+        executions(&store, id)
+            .await
+            .iter()
+            .any(|e| e.status == ExecutionStatus::Running)
+    })
+    .await;
+    signal(&server, libc::SIGTERM);
+    let status = wait_exit_within(&mut server, Duration::from_secs(32) + DEADLINE);
+    assert_eq!(status.code(), Some(0), "{}", install.log("serve.log"));
+    let runs = executions(&store, id).await;
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0].status, ExecutionStatus::Cancelled, "{:?}", runs[0]);
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_demo_quick_start_shows_the_engine_at_work() {

@@ -772,7 +772,10 @@ both_backends!(
             assert_eq!((row.lock_holder, row.lock_time), (None, None), "rule {n}");
             assert!(!row.is_currently_running);
             assert_eq!(row.next_run_time, Some(T0), "the occurrence is still due");
+            assert_eq!(row.retry_of, Some(T0), "owed its run, rule {n}");
+            assert_eq!(row.failed_attempts, 0, "a lost run is no failure");
         }
+        assert_eq!(rule(&store, 13).await.retry_of, None);
         assert_eq!(rule(&store, 12).await.lock_holder.as_deref(), Some(OTHER));
         assert_eq!(
             execution(&store, others.execution.id).await.status,

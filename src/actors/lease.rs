@@ -76,6 +76,10 @@ pub struct LeaseState {
     /// queued or timed must not take the partitions back before the actor
     /// stops (a tick that did left its leases held for a TTL after exit).
     released: bool,
+    /// Set by [`LeaseMsg::Leave`] as a graceful stop begins: the ticks go
+    /// on heartbeating (the running jobs are still this instance's) but
+    /// take no partition and take over nobody.
+    leaving: bool,
 }
 
 impl Actor for LeaseActor {
@@ -101,6 +105,7 @@ impl Actor for LeaseActor {
             takeover: None,
             forwarded: HashSet::new(),
             released: false,
+            leaving: false,
         })
     }
 
@@ -124,6 +129,10 @@ impl Actor for LeaseActor {
                     fenced: state.fenced,
                     takeovers: state.takeovers.load(Ordering::Relaxed),
                 });
+            }
+            LeaseMsg::Leave(reply) => {
+                state.leave().await;
+                let _ = reply.send(());
             }
             LeaseMsg::ReleaseAll(reply) => {
                 state.release_all().await;
@@ -181,6 +190,13 @@ impl LeaseState {
             }
             info!("💓 Heartbeat renewed: rejoining the cluster");
             self.fenced = false;
+        }
+        if self.leaving {
+            // Only the heartbeat and the cancel requests of the jobs still
+            // finishing here.
+            self.publish();
+            self.forward_cancel_requests().await;
+            return;
         }
         if self.args.store.backend() == Backend::Postgres
             && let Err(e) = self.balance(renewal_due).await
@@ -388,6 +404,14 @@ impl LeaseState {
                 held.len(),
                 live_count(&live)
             );
+            // The plan may still read rules of these partitions as they
+            // were: running under a peer that another instance has since
+            // taken over, its claims released. It reads them afresh now,
+            // not at its next periodic refresh (20 s by default), so their
+            // occurrences run again within the takeover's bound.
+            if let Some(refresher) = self.args.directory.refresher() {
+                let _ = refresher.cast(crate::messages::RefresherMsg::RefreshNow);
+            }
         }
         self.ownership = Ownership::Partitions { count, held };
         Ok(())
@@ -486,12 +510,42 @@ impl LeaseState {
         }
     }
 
+    /// A graceful stop begins: this instance says it is leaving, so its
+    /// peers deal its share among themselves, and gives its partitions
+    /// back, so they take them at their next retry (within a second by
+    /// default) rather than a TTL after the drain. Before this, the
+    /// partitions of an instance draining its jobs went unserved for the
+    /// whole drain and a TTL after it.
+    async fn leave(&mut self) {
+        if self.leaving || self.args.store.backend() != Backend::Postgres {
+            return;
+        }
+        self.leaving = true;
+        let now = self.args.clock.now_ms();
+        match self.args.store.mark_instance_leaving(self.me(), now).await {
+            Ok(()) => info!(
+                "👋 Leaving the cluster: the peers take this instance's partitions while its jobs finish"
+            ),
+            Err(e) => {
+                metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "leave").increment(1);
+                warn!(
+                    "Could not mark this instance as leaving; its peers take its partitions after the TTL: {e}"
+                );
+            }
+        }
+        self.release_leases().await;
+    }
+
     /// Graceful stop: the peers take the partitions at their next retry.
     async fn release_all(&mut self) {
         self.released = true;
         if self.args.store.backend() != Backend::Postgres {
             return;
         }
+        self.release_leases().await;
+    }
+
+    async fn release_leases(&mut self) {
         match self
             .args
             .store

@@ -203,6 +203,9 @@ impl Actor for MasterActor {
             MasterMsg::MemoryThrottle(status) => {
                 state.memory_throttle(&myself, status.throttled).await
             }
+            MasterMsg::IsMemoryThrottled(reply) => {
+                let _ = reply.send(state.throttled);
+            }
             MasterMsg::RenewQueuedClaims => state.renew_queued_claims().await,
             MasterMsg::CheckBacklog => state.check_backlog().await,
             MasterMsg::SelfFence => state.self_fence(),
@@ -323,6 +326,11 @@ impl MasterState {
         if let Some(refresher) = args.directory.refresher() {
             let _ = refresher.cast(RefresherMsg::RefreshNow);
         }
+        // The jobs the fence stopped and the claims it dropped settled as
+        // "recently processed", yet their occurrences are due again: the
+        // dedup would hold them back for its whole window (30 s). Every
+        // claim checks due-ness in the database, so forgetting is safe.
+        self.queue.forget_recent();
         true
     }
 
@@ -632,7 +640,8 @@ impl MasterState {
                 // The worker died between being idle and the handoff; its
                 // supervision event brings a fresh one.
                 warn!(branch_rule_id = %job.branch_rule_id(), execution_id = %job.execution_id(), "Worker gone at the handoff; the job is released");
-                self.queue.finish(job.branch_rule_id(), now);
+                // Its occurrence stays due: claimed again at once.
+                self.queue.forget(job.branch_rule_id());
                 self.release(&job, "worker gone at the handoff").await;
             }
         }
@@ -727,11 +736,13 @@ impl MasterState {
         if throttled {
             // A throttle may last long: queued claims go back, so another
             // instance with memory to spare may run those occurrences.
+            // Their occurrences stay due, so they are claimed again as soon
+            // as the throttle lifts (the recently-processed dedup would hold
+            // them back for its whole window).
             let queued = self.queue.drain_queued();
-            let now = self.args.clock.now_ms();
             for (id, job) in &queued {
                 self.release(job, "released while memory is short").await;
-                self.queue.finish(*id, now);
+                self.queue.forget(*id);
             }
             info!(
                 "👑 Master holds new work back while memory is short; {} queued claim(s) released",

@@ -10,6 +10,7 @@ use std::time::Duration;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tracing::{info, warn};
 
+use crate::actors::ask_within;
 use crate::config::Config;
 use crate::directory::Directory;
 use crate::memory::{
@@ -19,6 +20,23 @@ use crate::memory::{
 use crate::messages::memory_guard::MemoryStatus;
 use crate::messages::{MasterMsg, MemoryGuardMsg};
 use crate::metrics as m;
+
+/// The reason a restarted guard gives while the throttle it inherited stands.
+const RESTARTED_THROTTLED: &str = "throttled before the memory guard restarted";
+
+/// How long a starting guard waits for the master's answer: short, since a
+/// master starting at the same time asks the guard in turn.
+const MASTER_ANSWER: Duration = Duration::from_secs(2);
+
+/// Whether a master is running and holds work back for memory.
+async fn master_is_throttled(directory: &Directory) -> bool {
+    match directory.master() {
+        Some(master) => ask_within(&master, MASTER_ANSWER, MasterMsg::IsMemoryThrottled)
+            .await
+            .unwrap_or(false),
+        None => false,
+    }
+}
 
 pub struct MemoryGuardActor;
 
@@ -71,11 +89,22 @@ impl Actor for MemoryGuardActor {
         // The first reading is taken before anything else in the mailbox,
         // so a master asking for the status at its start gets a verdict.
         myself.send_message(MemoryGuardMsg::Sample)?;
+        // A guard restarted while the master holds work back starts
+        // throttled: starting released, a reading between the two levels
+        // (RAM 85 %) lifted the throttle with no release ever logged.
+        let gate = if master_is_throttled(&args.directory).await {
+            info!(
+                "🧠 The master holds work back for memory: the throttle stands until a reading is under every resume level"
+            );
+            ThrottleGate::still_throttled(thresholds, RESTARTED_THROTTLED.to_string())
+        } else {
+            ThrottleGate::new(thresholds)
+        };
         Ok(MemoryGuardState {
             interval,
             directory: args.directory,
             sampler,
-            gate: ThrottleGate::new(thresholds),
+            gate,
             gpu,
             last_reading: None,
             samples: 0,

@@ -1316,10 +1316,15 @@ fn check_window(from: Option<&TimeOfDayText>, to: Option<&TimeOfDayText>) -> Api
     ))
 }
 
-/// The next_run_time a client set, as the epoch ms the row holds.
+/// The next_run_time a client set, as the epoch ms the row holds. A time
+/// set by hand reschedules the rule: a pending retry (or an occurrence
+/// owed its run) ends with it, or the run at that time would be labelled
+/// an attempt of the old occurrence.
 fn with_next_run(mut map: Map<String, Value>, next: Option<RequestTime>) -> Map<String, Value> {
     if let Some(RequestTime(ms)) = next {
         map.insert("next_run_time".into(), ms.into());
+        map.insert("retry_of".into(), Value::Null);
+        map.insert("failed_attempts".into(), 0.into());
     }
     map
 }
@@ -1426,6 +1431,14 @@ async fn recompute_next_runs(state: &ApiState, filter: (&str, &Value)) -> ApiRes
         else {
             continue;
         };
+        // A pending retry (or an occurrence owed its run) keeps its time:
+        // moved to the new schedule's first occurrence, a retry due in a
+        // minute waited up to a day. The finish after it computes the next
+        // run from the new schedule.
+        if row.get("retry_of").is_some_and(|v| !v.is_null()) {
+            tracing::info!(branch_rule_id = %id, "Next run kept: a retry is pending; the schedule applies after it");
+            continue;
+        }
         // The change that led here is committed: a rule another row keeps
         // from scheduling (a branch with a bad zone) keeps its next run and
         // stays held in the plan until that row is fixed.

@@ -307,10 +307,12 @@ pub struct ExecutionQuery {
     branch_rule_id: Option<Uuid>,
     #[param(value_type = Option<ExecutionStatus>)]
     status: Option<ExecutionStatus>,
-    /// Runs due at or after this time.
+    /// Runs requested (claimed) at or after this time: `requested_at`, the
+    /// order the list pages in. A run held for its window is requested
+    /// when it is claimed, not when it fell due.
     #[param(value_type = Option<RequestTime>)]
     from: Option<RequestTime>,
-    /// Runs due before this time.
+    /// Runs requested before this time (`requested_at`).
     #[param(value_type = Option<RequestTime>)]
     to: Option<RequestTime>,
     /// Items per page.
@@ -657,6 +659,13 @@ pub async fn stats(State(s): State<ApiState>) -> ApiResult<Json<Stats>> {
     let readiness = ask(&plan, PlanMsg::Readiness).await?;
     let plan = ask(&plan, PlanMsg::Stats).await?;
     let memory = ask(&guard, MemoryGuardMsg::Status).await?;
+    // The failures are read from the database; everything else is in this
+    // process. During an outage, when an operator most needs the
+    // overview, the rest still answers.
+    let (recent_errors, recent_errors_unavailable) = match recent_errors(&s).await {
+        Ok(errors) => (errors, None),
+        Err(e) => (Vec::new(), Some(e.to_string())),
+    };
     Ok(Json(Stats {
         queue,
         writer: writer.into(),
@@ -664,7 +673,8 @@ pub async fn stats(State(s): State<ApiState>) -> ApiResult<Json<Stats>> {
         readiness,
         memory: memory_view(memory, s.config()),
         start_lag: start_lag.into(),
-        recent_errors: recent_errors(&s).await?,
+        recent_errors,
+        recent_errors_unavailable,
         now: Timestamp(s.clock().now_ms()),
         instance_id: s.config().instance_id.clone(),
         read_only: s.config().tokens().is_empty(),
@@ -676,7 +686,7 @@ const RECENT_ERRORS: usize = 10;
 
 /// The latest failed and timed-out executions, newest first: one keyset
 /// read per status on the finished-status index.
-async fn recent_errors(s: &ApiState) -> ApiResult<Vec<RecentError>> {
+async fn recent_errors(s: &ApiState) -> Result<Vec<RecentError>, crate::store::StoreError> {
     let mut failures = Vec::new();
     for status in [ExecutionStatus::Failed, ExecutionStatus::TimedOut] {
         let filter = ExecutionFilter {

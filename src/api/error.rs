@@ -253,6 +253,13 @@ impl IntoResponse for ApiError {
             .render(Locale::En)
             .unwrap_or_else(|| self.to_string());
         let mut response = (status, body(code, &text)).into_response();
+        if status == StatusCode::UNAUTHORIZED {
+            // RFC 9110 §11.6.1: a 401 names the scheme that would do.
+            response.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer realm=\"ruled\""),
+            );
+        }
         response
             .extensions_mut()
             .insert(Localizable { code, message });

@@ -38,12 +38,15 @@ use crate::store::ExecutionFilter;
 /// How often a connection looks: changes show within this, well inside
 /// the console's 2 s promise.
 const POLL_INTERVAL: Duration = Duration::from_millis(500);
-/// How far back "requested since the last look" reaches: covers clocks of
-/// other instances a little behind this one's and rows whose transaction
-/// committed after a later-stamped one.
+/// How far behind the newest row seen a second look reaches: covers clocks
+/// of other instances a little behind this one's and rows whose
+/// transaction committed after a later-stamped one.
 const LOOKBACK_MS: Millis = 30_000;
-/// Rows per read; a burst beyond it shows at the next look.
+/// Rows per read.
 const READ_LIMIT: i64 = 500;
+/// Pages of new rows one look reads at most: a burst larger than this
+/// shows over the next looks, since the cursor moves on with each page.
+const NEW_PAGES_PER_LOOK: usize = 20;
 /// Events buffered for a slow client before the connection's reads wait.
 const CHANNEL_CAPACITY: usize = 256;
 
@@ -53,25 +56,40 @@ pub struct ChangeFeed {
     /// Status and request time of every row seen within the lookback, and
     /// of every open row.
     known: HashMap<Uuid, (ExecutionStatus, Millis)>,
-    /// The latest request time seen.
-    watermark: Millis,
+    /// The (requested_at, id) of the newest row seen: new rows are read
+    /// after it, a page at a time, so however many runs a second there
+    /// are the reads move on (a window read from a fixed start returned
+    /// the same oldest rows once it held more than a page).
+    cursor: (Millis, Uuid),
 }
 
 impl ChangeFeed {
-    /// Starts knowing `rows` without reporting them: the client loads its
-    /// page itself and wants only what changes after.
-    pub fn primed(rows: &[StoredExecution], now: Millis) -> ChangeFeed {
+    /// Starts knowing `rows` without reporting them, new rows read after
+    /// `cursor`: the client loads its page itself and wants only what
+    /// changes after.
+    pub fn primed(rows: &[StoredExecution], cursor: (Millis, Uuid)) -> ChangeFeed {
         let mut feed = ChangeFeed {
             known: HashMap::new(),
-            watermark: now,
+            cursor,
         };
         feed.observe(rows);
         feed
     }
 
-    /// Where the next look for new rows starts.
+    /// New rows were read up to `cursor`. Only the read of new rows moves
+    /// it: an open row seen beyond a burst not yet read must not skip it.
+    pub fn read_up_to(&mut self, cursor: (Millis, Uuid)) {
+        self.cursor = self.cursor.max(cursor);
+    }
+
+    /// Where new rows start: after this (requested_at, id).
+    pub fn cursor(&self) -> (Millis, Uuid) {
+        self.cursor
+    }
+
+    /// Where the second look, for rows stamped behind the cursor, starts.
     pub fn since(&self) -> Millis {
-        self.watermark - LOOKBACK_MS
+        self.cursor.0 - LOOKBACK_MS
     }
 
     /// The rows known open: a look must read them back by id if they left
@@ -92,7 +110,6 @@ impl ChangeFeed {
             if was.map(|(status, _)| status) != Some(row.status) {
                 changed.push(row);
             }
-            self.watermark = self.watermark.max(row.requested_at);
         }
         let horizon = self.since();
         self.known
@@ -137,7 +154,7 @@ async fn watch(s: ApiState, sender: mpsc::Sender<Event>) {
     if sender.send(event("hello", &hello)).await.is_err() {
         return;
     }
-    let mut feed = ChangeFeed::primed(&[], now);
+    let mut feed = ChangeFeed::primed(&[], (now, Uuid::nil()));
     let mut primed = false;
     let mut throttle: Option<ThrottleStatus> = None;
     let mut closing = s.closing();
@@ -162,8 +179,8 @@ async fn watch(s: ApiState, sender: mpsc::Sender<Event>) {
             }
             throttle = Some(status);
         }
-        let rows = match look(&s, &feed).await {
-            Ok(rows) => rows,
+        let (rows, cursor) = match look(&s, &feed).await {
+            Ok(look) => look,
             Err(e) => {
                 // The database is away: the console keeps its last page and
                 // this connection looks again at the next tick.
@@ -172,10 +189,12 @@ async fn watch(s: ApiState, sender: mpsc::Sender<Event>) {
             }
         };
         if !primed {
-            feed = ChangeFeed::primed(&rows, s.clock().now_ms());
+            let newest = rows.iter().map(|row| (row.requested_at, row.id)).max();
+            feed = ChangeFeed::primed(&rows, cursor.max(newest.unwrap_or(cursor)));
             primed = true;
             continue;
         }
+        feed.read_up_to(cursor);
         for row in feed.observe(&rows) {
             let data = serde_json::to_value(Execution::shown(row, false)).unwrap_or_default();
             if sender.send(event("execution", &data)).await.is_err() {
@@ -193,19 +212,42 @@ async fn throttle_status(s: &ApiState) -> Option<ThrottleStatus> {
         .map(|status| status.throttle)
 }
 
-/// New rows, open rows, and the rows that were open, as stored now.
+/// New rows (after the cursor), rows stamped a little behind it, open
+/// rows, and the rows that were open, as stored now; and the cursor after
+/// the new rows read.
 async fn look(
     s: &ApiState,
     feed: &ChangeFeed,
-) -> Result<Vec<StoredExecution>, crate::store::StoreError> {
+) -> Result<(Vec<StoredExecution>, (Millis, Uuid)), crate::store::StoreError> {
     let store = s.store();
-    let mut rows = store
-        .list_executions(&ExecutionFilter {
-            from: Some(feed.since()),
+    let mut rows = Vec::new();
+    let mut after = feed.cursor();
+    for _ in 0..NEW_PAGES_PER_LOOK {
+        let page = ExecutionFilter {
+            after: Some(after),
             limit: READ_LIMIT,
             ..ExecutionFilter::default()
-        })
-        .await?;
+        };
+        let new_rows = store.list_executions(&page).await?;
+        let next = page.next_cursor(&new_rows);
+        if let Some(last) = new_rows.last() {
+            after = (last.requested_at, last.id);
+        }
+        rows.extend(new_rows);
+        if next.is_none() {
+            break;
+        }
+    }
+    rows.extend(
+        store
+            .list_executions(&ExecutionFilter {
+                from: Some(feed.since()),
+                limit: READ_LIMIT,
+                newest_first: true,
+                ..ExecutionFilter::default()
+            })
+            .await?,
+    );
     rows.extend(store.open_executions(READ_LIMIT).await?);
     let seen: std::collections::HashSet<Uuid> = rows.iter().map(|row| row.id).collect();
     for id in feed.open_ids() {
@@ -215,7 +257,7 @@ async fn look(
             rows.push(row);
         }
     }
-    Ok(rows)
+    Ok((rows, after))
 }
 
 #[cfg(test)]
@@ -245,7 +287,7 @@ mod tests {
     #[test]
     fn reports_each_change_once() {
         let t = 1_800_000_000_000;
-        let mut feed = ChangeFeed::primed(&[row(1, ExecutionStatus::Running, t)], t);
+        let mut feed = ChangeFeed::primed(&[row(1, ExecutionStatus::Running, t)], (t, Uuid::nil()));
         assert!(
             feed.observe(&[row(1, ExecutionStatus::Running, t)])
                 .is_empty()
@@ -257,8 +299,13 @@ mod tests {
         assert!(feed.open_ids().is_empty());
         // A run that started and ended between two looks is still news.
         let quick = [row(2, ExecutionStatus::Completed, t + 10)];
+        feed.read_up_to((t + 10, Uuid::from_u128(2)));
         assert_eq!(feed.observe(&quick).len(), 1);
         assert_eq!(feed.since(), t + 10 - LOOKBACK_MS);
+        // An open row seen ahead of the new rows read does not move the
+        // cursor past them.
+        feed.observe(&[row(3, ExecutionStatus::Running, t + 5_000)]);
+        assert_eq!(feed.cursor(), (t + 10, Uuid::from_u128(2)));
     }
 
     #[test]
@@ -269,8 +316,9 @@ mod tests {
                 row(1, ExecutionStatus::Completed, t),
                 row(2, ExecutionStatus::Requested, t),
             ],
-            t,
+            (t, Uuid::nil()),
         );
+        feed.read_up_to((t + LOOKBACK_MS + 1, Uuid::from_u128(3)));
         feed.observe(&[row(3, ExecutionStatus::Requested, t + LOOKBACK_MS + 1)]);
         assert!(!feed.known.contains_key(&Uuid::from_u128(1)));
         assert!(feed.known.contains_key(&Uuid::from_u128(2)));

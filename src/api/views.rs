@@ -651,8 +651,12 @@ pub struct Stats {
     pub memory: MemoryView,
     /// This instance's start lag, minute by minute over the last 15 minutes.
     pub start_lag: StartLagView,
-    /// The latest failed and timed-out executions, newest first.
+    /// The latest failed and timed-out executions, newest first; empty
+    /// while the database cannot be read.
     pub recent_errors: Vec<RecentError>,
+    /// Why `recent_errors` could not be read (the database is away); the
+    /// other figures are this process's own and stand.
+    pub recent_errors_unavailable: Option<String>,
     /// The clock the figures were taken at.
     pub now: Timestamp,
     pub instance_id: String,

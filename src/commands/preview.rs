@@ -28,11 +28,21 @@ pub fn preview_lines(
     now: DateTime<Utc>,
 ) -> Result<Vec<String>, CommandError> {
     let schedule = CronSchedule::parse(request.expression)?;
+    let invalid = |field: &'static str| {
+        move |e: crate::schedule::ScheduleError| CommandError::InvalidArgument {
+            field,
+            message: e.to_string(),
+        }
+    };
     let zone = match request.timezone {
-        Some(name) => parse_timezone(name)?,
+        Some(name) => parse_timezone(name).map_err(invalid("--tz"))?,
         None => default_zone,
     };
-    let window = request.window.map(str::parse::<Window>).transpose()?;
+    let window = request
+        .window
+        .map(str::parse::<Window>)
+        .transpose()
+        .map_err(invalid("--window"))?;
     let from = match request.from {
         Some(text) => DateTime::parse_from_rfc3339(text)
             .map_err(|e| CommandError::InvalidArgument {

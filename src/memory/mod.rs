@@ -240,6 +240,15 @@ impl ThrottleGate {
         }
     }
 
+    /// Starts throttled, as an earlier gate left it: only a reading under
+    /// every resume level releases it.
+    pub fn still_throttled(thresholds: Thresholds, reason: String) -> ThrottleGate {
+        ThrottleGate {
+            thresholds,
+            reason: Some(reason),
+        }
+    }
+
     pub fn is_throttled(&self) -> bool {
         self.reason.is_some()
     }

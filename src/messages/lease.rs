@@ -14,8 +14,13 @@ pub enum LeaseMsg {
     Tick,
     /// What this instance holds now.
     Status(RpcReplyPort<LeaseStatus>),
+    /// A graceful stop begins: give every partition back and say this
+    /// instance is leaving, so the peers take its share while its running
+    /// jobs finish; the heartbeat goes on, so they are not taken over.
+    /// Replies when done.
+    Leave(RpcReplyPort<()>),
     /// Graceful stop: give every partition back so the peers take them at
-    /// once instead of after the TTL. Replies when done.
+    /// once instead of after the TTL, and stop. Replies when done.
     ReleaseAll(RpcReplyPort<()>),
     /// Panics inside the actor, for supervision tests and chaos drills.
     InjectPanic(String),

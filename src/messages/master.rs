@@ -65,6 +65,9 @@ pub enum MasterMsg {
     /// The memory guard's verdict (pushed on every change): while
     /// throttled, nothing is fetched, claimed or handed to a worker.
     MemoryThrottle(ThrottleStatus),
+    /// Whether the master holds work back for memory: a restarted memory
+    /// guard starts from it, so its hysteresis survives the restart.
+    IsMemoryThrottled(RpcReplyPort<bool>),
     /// Renews the claims of queued jobs (every third of
     /// SCHEDULE_LOCK_TIMEOUT_SECONDS); running ones are renewed by their
     /// workers.

@@ -125,6 +125,10 @@ fn ready_verdict(
     let decision = decide_due(&cadence, due, row.retry_of, now);
     if decision.is_plain(due) {
         return ready(match row.retry_of {
+            Some(occurrence) if row.failed_attempts == 0 => format!(
+                "READY: the occurrence at {} is owed its run (lost or buffered)",
+                millis_to_utc(occurrence).to_rfc3339()
+            ),
             Some(occurrence) => format!(
                 "READY: attempt {} of the occurrence at {}",
                 row.failed_attempts.saturating_add(1),

@@ -61,7 +61,7 @@ pub struct Cadence<'a> {
 }
 
 impl Cadence<'_> {
-    fn next_after(&self, at: Millis) -> Option<Millis> {
+    pub(crate) fn next_after(&self, at: Millis) -> Option<Millis> {
         next_after_millis(self.schedule, self.zone, at).ok()
     }
 
@@ -381,11 +381,13 @@ impl FinishDecision {
     }
 
     /// The retry this finish schedules: (its time, its number from 1).
+    /// A buffered occurrence is owed its run (a pending retry of itself,
+    /// no failure behind it) but is not a retry.
     pub fn retry_at(&self) -> Option<(Millis, i32)> {
         match self.retry {
             RetryUpdate::Pending {
                 failed_attempts, ..
-            } => self.next_run_time.map(|at| (at, failed_attempts)),
+            } if failed_attempts > 0 => self.next_run_time.map(|at| (at, failed_attempts)),
             _ => None,
         }
     }
@@ -475,12 +477,24 @@ pub fn decide_finish(
         });
     }
     decision.next_run_time = buffered.or(upcoming);
+    // The buffered occurrence is owed its run right after this one, late
+    // as it is by then: as a pending retry of itself (no failure counted)
+    // the misfire policy and the catch-up window leave it alone, where
+    // `misfire: skip` used to record it skipped a minute later.
+    if let Some(owed) = buffered {
+        decision.retry = RetryUpdate::Pending {
+            of: owed,
+            failed_attempts: 0,
+        };
+    }
     decision
 }
 
 /// When a run of `occurrence` claimed at `claimed_at` is overlapped: the
-/// first later occurrence that falls due after the claim. `cancel_running`
-/// cancels the run then.
+/// first later occurrence that falls due after the claim and may start
+/// then (inside the window). `cancel_running` cancels the run then: an
+/// occurrence the window holds back is no reason to cancel, since it would
+/// not start in the run's place.
 pub fn overlap_due(
     cadence: &Cadence<'_>,
     occurrence: Millis,
@@ -488,7 +502,7 @@ pub fn overlap_due(
 ) -> Option<Millis> {
     let mut at = cadence.next_after(occurrence)?;
     for _ in 0..MAX_OCCURRENCES_PER_DECISION {
-        if cadence.start_of(at) > claimed_at {
+        if cadence.start_of(at) > claimed_at && !cadence.outside_window(at) {
             return Some(cadence.start_of(at));
         }
         at = cadence.next_after(at)?;
@@ -909,13 +923,44 @@ mod tests {
             vec![(at(1, 1), SkipReason::Overlap)]
         );
         assert_eq!(buffer.next_run_time, Some(at(1, 2)));
+        // Owed its run, not a retry: no failure counted, no retry logged.
+        assert_eq!(
+            buffer.retry,
+            RetryUpdate::Pending {
+                of: at(1, 2),
+                failed_attempts: 0
+            }
+        );
+        assert_eq!(buffer.retry_at(), None);
+        assert_eq!(skip.retry, RetryUpdate::Clear);
         let cancel = run(Overlap::Skip, Ending::CancelledByOverlap);
         assert_eq!(cancel.next_run_time, Some(at(1, 2)));
+        assert_eq!(
+            cancel.retry,
+            RetryUpdate::Pending {
+                of: at(1, 2),
+                failed_attempts: 0
+            }
+        );
+        // `misfire: skip` leaves the buffered occurrence alone however late
+        // the run ended: it runs as it stands.
+        let skipping = EffectivePolicy {
+            overlap: Overlap::BufferOne,
+            misfire: Misfire::Skip,
+            catchup_window_seconds: Some(10),
+            ..EffectivePolicy::default()
+        };
+        let skipping_cadence = cadence(&schedule, &skipping, None);
+        let owed = decide_due(&skipping_cadence, at(1, 2), Some(at(1, 2)), at(1, 7));
+        assert_eq!(owed.run, Some(at(1, 2)));
+        assert!(owed.skipped.is_empty());
+        let unmarked = decide_due(&skipping_cadence, at(1, 2), None, at(1, 7));
+        assert_ne!(unmarked.run, Some(at(1, 2)));
         // Due before the claim: left for the misfire policy, nothing skipped.
         let policy = EffectivePolicy::default();
-        let cadence = cadence(&schedule, &policy, None);
+        let every_minute = cadence(&schedule, &policy, None);
         let late = finish_of(
-            &cadence,
+            &every_minute,
             &policy,
             at(1, 0),
             0,
@@ -926,8 +971,25 @@ mod tests {
         assert_eq!(late.next_run_time, Some(at(1, 1)));
         assert!(late.skipped.is_empty());
         assert_eq!(
-            overlap_due(&cadence, at(1, 0), at(1, 0) + 10),
+            overlap_due(&every_minute, at(1, 0), at(1, 0) + 10),
             Some(at(1, 1))
+        );
+        // An occurrence the window holds back cancels nothing: the run
+        // goes on until one that may start in its place.
+        let hourly = CronSchedule::parse("0 * * * *").unwrap();
+        let window: Window = "09:00-17:00".parse().unwrap();
+        let windowed = cadence(&hourly, &policy, Some(window));
+        let sixteen = Utc
+            .with_ymd_and_hms(2026, 6, 1, 16, 0, 0)
+            .unwrap()
+            .timestamp_millis();
+        let next_nine = Utc
+            .with_ymd_and_hms(2026, 6, 2, 9, 0, 0)
+            .unwrap()
+            .timestamp_millis();
+        assert_eq!(
+            overlap_due(&windowed, sixteen, sixteen + 10),
+            Some(next_nine)
         );
     }
 }

@@ -197,6 +197,7 @@ pub fn simulate(mut plan: ExecutionPlan, sim: &Simulation) -> Result<Report, Sim
         schedules: ScheduleCache::default(),
         zones: HashMap::new(),
     };
+    state.start_behind_rules_at_from(&mut plan);
     let mut now = sim.from;
     while now < sim.to {
         state.report.ticks_visited += 1;
@@ -242,6 +243,33 @@ impl State<'_> {
         let res = self.sim.resolution_ms;
         let offset = (at - self.sim.from).max(0);
         self.sim.from + (offset + res - 1) / res * res
+    }
+
+    /// The simulated period starts with ruled up: a stored next_run_time
+    /// behind `from` (rules loaded from the database, `from` tomorrow)
+    /// made every occurrence in between a misfire at tick 0, for time the
+    /// simulation does not cover. Such a rule starts at its first
+    /// occurrence from `from` on; `down` is how a simulation says ruled
+    /// was away. A pending retry keeps its time.
+    fn start_behind_rules_at_from(&mut self, plan: &mut ExecutionPlan) {
+        let from = self.sim.from;
+        let behind: Vec<Uuid> = plan
+            .workflows()
+            .filter(|w| {
+                let row = &w.branch_rule;
+                row.retry_of.is_none() && row.next_run_time.is_some_and(|at| at < from)
+            })
+            .map(|w| w.id())
+            .collect();
+        for id in behind {
+            let Some(spec) = job_spec(plan, &id, self.sim.default_zone, &mut self.schedules) else {
+                continue;
+            };
+            let Some(next) = spec.cadence().and_then(|c| c.next_after(from - 1)) else {
+                continue;
+            };
+            plan.update(&id, |w| w.branch_rule.next_run_time = Some(next));
+        }
     }
 
     fn tick_of(&self, at: Millis) -> u64 {
@@ -306,8 +334,13 @@ impl State<'_> {
         let lost: Vec<(Uuid, Running)> = std::mem::take(&mut self.running).into_iter().collect();
         for (id, run) in lost {
             plan.update(&id, |w| {
-                w.branch_rule.is_currently_running = false;
+                let row = &mut w.branch_rule;
+                row.is_currently_running = false;
                 w.running_here = false;
+                // As recovery marks it (`Store::recover_owner`): owed its run.
+                if row.retry_of.is_none() && row.next_run_time == Some(run.occurrence) {
+                    row.retry_of = Some(run.occurrence);
+                }
             });
             self.push(
                 plan,
@@ -885,6 +918,24 @@ mod tests {
     }
 
     #[test]
+    fn a_rule_behind_the_start_starts_at_its_first_occurrence_from_there() {
+        // Stored next run a day before the simulated period: nothing of
+        // that day is a misfire of the period.
+        let sim = Simulation::new(at(2, 0, 0), at(2, 1, 0));
+        let report = simulate(
+            plan_with(r#"{"misfire":"skip"}"#, "*/15 * * * *", at(1, 0, 0)),
+            &sim,
+        )
+        .unwrap();
+        assert_eq!(
+            (report.runs, report.skipped),
+            (4, 0),
+            "{:?}",
+            kinds(&report)
+        );
+    }
+
+    #[test]
     fn overlaps_by_policy() {
         let mut sim = Simulation::new(at(1, 0, 0), at(1, 0, 10) - 1);
         sim.duration_ms = 90_000;
@@ -898,6 +949,16 @@ mod tests {
             (7, 3),
             "{:#?}",
             kinds(&buffer)
+        );
+        // The buffered occurrence is owed its run, late as it is by then:
+        // neither `misfire: skip` nor a catch-up window drops it.
+        let buffer_skipping =
+            run(r#"{"overlap":"buffer_one","misfire":"skip","catchup_window_seconds":10}"#);
+        assert_eq!(
+            (buffer_skipping.runs, buffer_skipping.skipped),
+            (7, 3),
+            "{:#?}",
+            kinds(&buffer_skipping)
         );
         let cancel = run(r#"{"overlap":"cancel_running"}"#);
         assert_eq!(cancel.runs, 10, "{:#?}", kinds(&cancel));

@@ -184,6 +184,20 @@ impl<J> JobQueue<J> {
         self.queued.drain(..).collect()
     }
 
+    /// The claim of `id` was given back unrun (its occurrence stays due):
+    /// unlike [`finish`](Self::finish), it may be admitted again at once.
+    pub fn forget(&mut self, id: Uuid) {
+        self.active.remove(&id);
+        self.claimed_due.remove(&id);
+    }
+
+    /// Forgets every recently-processed entry: after a recovery released
+    /// this instance's claims, their occurrences are due again at once.
+    pub fn forget_recent(&mut self) {
+        self.recently_processed.clear();
+        self.finish_order.clear();
+    }
+
     /// The job of `id` finished at `now`; it is not admitted again within
     /// the recent window.
     pub fn finish(&mut self, id: Uuid, now: Millis) -> bool {
@@ -322,6 +336,24 @@ mod tests {
         );
         // A retry or a buffered occurrence is the finish's own answer.
         assert_eq!(queue.admit(id(1), 61_500, false, Some(62_000)), Ok(()));
+    }
+
+    #[test]
+    fn a_claim_given_back_or_recovered_is_admitted_at_once() {
+        let mut queue: JobQueue<&str> = JobQueue::new(30_000);
+        queue.push(id(1), Some(60_000), "one").unwrap();
+        queue.drain_queued();
+        queue.forget(id(1));
+        assert_eq!(queue.admit(id(1), 60_100, false, Some(60_000)), Ok(()));
+        queue.push(id(2), Some(60_000), "two").unwrap();
+        queue.start_next(|_| id(200));
+        queue.finish(id(2), 61_000);
+        assert_eq!(
+            queue.admit(id(2), 61_500, false, Some(60_000)),
+            Err(DedupReason::Recent)
+        );
+        queue.forget_recent();
+        assert_eq!(queue.admit(id(2), 61_500, false, Some(60_000)), Ok(()));
     }
 
     #[test]

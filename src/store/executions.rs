@@ -166,9 +166,19 @@ SELECT status, COUNT(*) AS n FROM executions WHERE finished_at IS NULL GROUP BY 
 /// them in, so on PostgreSQL a recovery and a finishing owner queue behind
 /// each other instead of deadlocking across the two tables. Leaves
 /// next_run_time alone: the occurrence is claimed again and becomes a new
-/// attempt.
+/// attempt. The lost occurrence is owed its run: it is marked as a pending
+/// retry of itself (no failure counted), which the misfire policy and the
+/// catch-up window leave alone. Without the mark, a run lost to a crash
+/// and found more than a minute late was recorded skipped under `misfire:
+/// skip` and never ran again. A lost run-now claim (its occurrence is not
+/// next_run_time) marks nothing.
 const RELEASE_OWNER_LOCKS: &str = concat!(
     "UPDATE branch_rules SET lock_holder = NULL, lock_time = NULL, is_currently_running = FALSE, ",
+    "retry_of = CASE WHEN retry_of IS NULL AND EXISTS (SELECT 1 FROM executions e \
+     WHERE e.branch_rule_id = branch_rules.id AND e.owner = $1 \
+     AND e.scheduled_for = branch_rules.next_run_time AND e.",
+    open_execution!(),
+    ") THEN next_run_time ELSE retry_of END, ",
     touch_branch_rule!("$2"),
     " WHERE lock_holder = $1"
 );

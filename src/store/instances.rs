@@ -34,7 +34,7 @@ macro_rules! upsert_instance_sql {
             ", $5, $4, $4) \
              ON CONFLICT (id) DO UPDATE SET hostname = excluded.hostname, pid = excluded.pid, \
              started_at = excluded.started_at, heartbeat_at = excluded.heartbeat_at, \
-             partition = excluded.partition, updated_at = excluded.updated_at"
+             partition = excluded.partition, leaving_at = NULL, updated_at = excluded.updated_at"
         )
     };
 }
@@ -55,13 +55,16 @@ macro_rules! live_instances_sql {
     ($now:literal) => {
         concat!(
             "SELECT id, hostname, pid, started_at, heartbeat_at, partition FROM instances \
-             WHERE heartbeat_at > ",
+             WHERE leaving_at IS NULL AND heartbeat_at > ",
             $now,
             " - $1 ORDER BY id"
         )
     };
 }
 const LIVE_INSTANCES: super::leases::DbSql = on_each_clock!(live_instances_sql);
+
+/// A graceful stop under way: no share of the partitions is dealt to it.
+const MARK_LEAVING: &str = "UPDATE instances SET leaving_at = $2, updated_at = $2 WHERE id = $1";
 
 const ALL_INSTANCES: &str = "\
 SELECT id, hostname, pid, started_at, heartbeat_at, partition FROM instances ORDER BY id";
@@ -123,6 +126,13 @@ impl Store {
             partition
         )
         .map(drop)
+    }
+
+    /// Marks this instance as leaving (a graceful stop has begun): the
+    /// live instances dealt partitions leave it out, while its heartbeat
+    /// goes on until its jobs have finished.
+    pub async fn mark_instance_leaving(&self, id: &str, now: Millis) -> Result<(), StoreError> {
+        execute!(self, "mark instance leaving", MARK_LEAVING, id, now).map(drop)
     }
 
     /// Stamps this instance's heartbeat with the database's now and returns

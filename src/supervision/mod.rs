@@ -40,6 +40,19 @@ use crate::messages::{LeaseMsg, MasterMsg, PlanMsg, RefresherMsg, SupervisorMsg,
 use crate::metrics as m;
 use crate::store::{Store, TransitionBatcher};
 
+/// The master's drain cancels jobs at the end of the grace period; this
+/// covers their cancellation being recorded.
+const DRAIN_MARGIN: Duration = Duration::from_secs(10);
+
+/// The longest a graceful shutdown of the tree may take: the drain, and
+/// at most five asks of their own (leaving the cluster, partitions handed
+/// back, the outbox's last delivery, the snapshot, the writer's drain). Whoever waits for the
+/// shutdown waits this long: waiting less reported a drain that was still
+/// going as a supervisor that did not answer (and the process exited 1).
+pub fn shutdown_bound(grace: Duration) -> Duration {
+    grace + DRAIN_MARGIN + 5 * crate::actors::CALL_TIMEOUT
+}
+
 /// Why the supervisor gave up: sent to the service, which exits non-zero.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Escalation {
@@ -128,6 +141,9 @@ impl Actor for RootSupervisor {
                     metrics::counter!(m::ACTOR_RESTARTS_TOTAL, "actor" => kind.as_str())
                         .increment(1);
                     info!(actor = %kind, "♻️ Restarted actor {kind}");
+                    if kind == ActorKind::Writer {
+                        state.resend_plan_to_writer();
+                    }
                 }
             }
             SupervisorMsg::Stats(reply) => {
@@ -320,12 +336,15 @@ impl SupervisorState {
     /// before the writer goes.
     async fn shutdown(&mut self) {
         self.shutting_down = true;
+        if let Some(lease) = self.args.directory.lease() {
+            // The peers take this instance's partitions while its jobs
+            // finish; its heartbeat goes on, so they are not taken over.
+            let _ = ask(&lease, LeaseMsg::Leave).await;
+        }
         if let Some(master) = self.args.directory.master() {
             info!("Stopping dispatch; waiting for running jobs");
             let grace = self.args.config.shutdown_grace;
-            // The drain itself cancels jobs at the end of the grace period;
-            // the extra time covers their cancellation being recorded.
-            let wait = grace + Duration::from_secs(10);
+            let wait = grace + DRAIN_MARGIN;
             match ask_within(&master, wait, |reply| MasterMsg::Drain { grace, reply }).await {
                 Ok(report) => info!(
                     "Jobs settled: {} finished, {} cancelled after the grace period, {} cancelled before the handoff",
@@ -372,6 +391,21 @@ impl SupervisorState {
                 let _ = cell.stop_and_wait(Some("shutdown".into()), None).await;
             }
         }
+    }
+
+    /// A restarted writer lost the write it was holding back (at most a
+    /// PLAN_MIN_WRITE_INTERVAL's worth): the plan sends it a whole
+    /// snapshot, so an outbox entry made just before the panic reaches the
+    /// file without waiting for the plan's next change.
+    fn resend_plan_to_writer(&self) {
+        let Some(plan) = self.args.directory.plan() else {
+            return;
+        };
+        tokio::spawn(async move {
+            if let Err(e) = ask(&plan, PlanMsg::SnapshotToWriter).await {
+                warn!("⚠️ The plan was not sent to the restarted writer: {e}");
+            }
+        });
     }
 
     async fn flush_plan(&self) -> Result<(), AskError> {

@@ -17,6 +17,7 @@ pub struct Api {
 #[derive(Debug)]
 pub struct Reply {
     pub status: StatusCode,
+    pub headers: reqwest::header::HeaderMap,
     pub json: Value,
     pub text: String,
 }
@@ -112,9 +113,15 @@ impl Api {
         }
         let response = request.send().await.unwrap();
         let status = response.status();
+        let headers = response.headers().clone();
         let text = response.text().await.unwrap();
         let json = serde_json::from_str(&text).unwrap_or(Value::Null);
-        Reply { status, json, text }
+        Reply {
+            status,
+            headers,
+            json,
+            text,
+        }
     }
 
     pub async fn get(&self, path: &str) -> Reply {

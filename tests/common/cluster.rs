@@ -528,7 +528,25 @@ impl Cluster {
 
     /// SIGTERM, then waits (polling, with a deadline) for the exit.
     pub fn sigterm_and_wait(&self, i: usize, deadline: Duration) -> ExitStatus {
+        self.sigterm(i);
+        self.wait_exit(i, deadline)
+    }
+
+    /// SIGTERM, without waiting: the graceful stop begins.
+    pub fn sigterm(&self, i: usize) {
         self.signal(i, libc::SIGTERM);
+    }
+
+    /// Whether the instance's process has not exited yet.
+    pub fn is_running(&self, i: usize) -> bool {
+        let mut proc = self.instances[i].proc.lock().unwrap();
+        proc.child
+            .as_mut()
+            .is_some_and(|child| child.try_wait().unwrap().is_none())
+    }
+
+    /// Waits (polling, with a deadline) for the instance's exit.
+    pub fn wait_exit(&self, i: usize, deadline: Duration) -> ExitStatus {
         let started = Instant::now();
         loop {
             {

@@ -112,7 +112,11 @@ pub fn signal(child: &Child, signal: i32) {
 }
 
 pub fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
-    let deadline = Instant::now() + DEADLINE;
+    wait_exit_within(child, DEADLINE)
+}
+
+pub fn wait_exit_within(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + limit;
     loop {
         if let Some(status) = child.try_wait().unwrap() {
             return status;
