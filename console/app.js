@@ -35,6 +35,8 @@
     // The current page's setup: done, or under way in navigate().
     mounted: false,
     mounting: false,
+    // Bumped by each navigation: a superseded one leaves the flags alone.
+    navigation: 0,
     ruleNames: new Map(),
   };
 
@@ -783,14 +785,16 @@
     main.dataset.page = name;
     state.mounted = false;
     state.mounting = true;
+    const navigation = ++state.navigation;
     try {
       await page.mount(main);
-      state.mounted = page === state.page;
+      if (navigation === state.navigation) state.mounted = true;
     } catch (error) {
-      show(describeFailure(error), "error");
+      if (navigation === state.navigation) show(describeFailure(error), "error");
     } finally {
-      state.mounting = false;
+      if (navigation === state.navigation) state.mounting = false;
     }
+    if (navigation !== state.navigation) return;
     await reload();
     main.dataset.loaded = "true";
   }

@@ -233,10 +233,11 @@ async fn run(command: Command, config: Config) -> anyhow::Result<()> {
                 seed,
             };
             simulate::check_format(&format)?;
-            let sim = simulate::simulation_of(&args, &config)?;
+            let mut sim = simulate::simulation_of(&args, &config)?;
             let plan = if use_demo {
                 ruled::plan::ExecutionPlan::from_data(demo::demo_data(sim.from)?)
             } else {
+                sim.plan_read_at = Some(Clock::system().now_ms());
                 plan::load_plan(&config).await?.0
             };
             let report = ruled::plan::simulate::simulate(plan, &sim)?;

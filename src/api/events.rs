@@ -242,6 +242,9 @@ async fn look(
         store
             .list_executions(&ExecutionFilter {
                 from: Some(feed.since()),
+                // Up to the cursor: rows after it are the new rows' read
+                // (at a steady rate they would fill this page instead).
+                to: Some(feed.cursor().0.saturating_add(1)),
                 limit: READ_LIMIT,
                 newest_first: true,
                 ..ExecutionFilter::default()

@@ -265,7 +265,7 @@ pub async fn simulate(
     State(s): State<ApiState>,
     ApiJson(input): ApiJson<SimulateInput>,
 ) -> ApiResult<Response> {
-    let sim = input.simulation(s.config())?;
+    let mut sim = input.simulation(s.config())?;
     let plan = if input.demo {
         let data =
             demo_data(sim.from).map_err(|e| ApiError::Internal(format!("the demo rules: {e}")))?;
@@ -275,7 +275,9 @@ pub async fn simulate(
             .directory()
             .plan()
             .ok_or_else(|| super::engine::restarting("plan"))?;
-        ExecutionPlan::from_snapshot(ask(&actor, PlanMsg::Snapshot).await?)
+        let snapshot = ask(&actor, PlanMsg::Snapshot).await?;
+        sim.plan_read_at = Some(s.clock().now_ms());
+        ExecutionPlan::from_snapshot(snapshot)
     };
     let permit = Arc::clone(&SIMULATIONS)
         .acquire_owned()

@@ -481,7 +481,9 @@ pub fn decide_finish(
     // as it is by then: as a pending retry of itself (no failure counted)
     // the misfire policy and the catch-up window leave it alone, where
     // `misfire: skip` used to record it skipped a minute later.
-    if let Some(owed) = buffered {
+    // One the window holds back is not owed: it is missed, and the
+    // misfire policy sorts it when the window opens (`outside_window`).
+    if let Some(owed) = buffered.filter(|at| !cadence.outside_window(*at)) {
         decision.retry = RetryUpdate::Pending {
             of: owed,
             failed_attempts: 0,
@@ -991,5 +993,23 @@ mod tests {
             overlap_due(&windowed, sixteen, sixteen + 10),
             Some(next_nine)
         );
+        // Nor is it owed a run when the 16:00 run, buffered, ends at 17:45:
+        // 17:00 is missed, for the misfire policy at 09:00.
+        let buffering = EffectivePolicy {
+            overlap: Overlap::BufferOne,
+            ..EffectivePolicy::default()
+        };
+        let windowed = cadence(&hourly, &buffering, Some(window));
+        let late_end = finish_of(
+            &windowed,
+            &buffering,
+            sixteen,
+            0,
+            sixteen,
+            sixteen + 105 * 60_000,
+            Ending::Completed,
+        );
+        assert_eq!(late_end.next_run_time, Some(sixteen + 3_600_000));
+        assert_eq!(late_end.retry, RetryUpdate::Clear);
     }
 }

@@ -56,6 +56,10 @@ pub struct Simulation {
     /// (the API's bound; the CLI sets none).
     pub max_ticks: Option<u64>,
     pub max_decisions: Option<usize>,
+    /// When the plan's state was read (the database's rules or the live
+    /// plan): a simulation starting later assumes ruled ran what fell due
+    /// in between. `None` (the demo rules, built for `from`) shifts nothing.
+    pub plan_read_at: Option<Millis>,
 }
 
 impl Simulation {
@@ -75,6 +79,7 @@ impl Simulation {
             partition_count: 1,
             max_ticks: None,
             max_decisions: None,
+            plan_read_at: None,
         }
     }
 }
@@ -245,14 +250,19 @@ impl State<'_> {
         self.sim.from + (offset + res - 1) / res * res
     }
 
-    /// The simulated period starts with ruled up: a stored next_run_time
-    /// behind `from` (rules loaded from the database, `from` tomorrow)
-    /// made every occurrence in between a misfire at tick 0, for time the
-    /// simulation does not cover. Such a rule starts at its first
-    /// occurrence from `from` on; `down` is how a simulation says ruled
-    /// was away. A pending retry keeps its time.
+    /// A simulation starting after the plan's state was read assumes
+    /// ruled was up in between: a stored next_run_time behind `from`
+    /// (rules read now, `from` tomorrow) made every occurrence in between a
+    /// misfire at tick 0, for time the simulation does not cover. Such a
+    /// rule starts at its first occurrence from `from` on; `down` is how a
+    /// simulation says ruled was away. A pending retry keeps its time, and
+    /// a simulation starting when the state was read (or before) keeps
+    /// every stored time: what is overdue then is real pending work.
     fn start_behind_rules_at_from(&mut self, plan: &mut ExecutionPlan) {
         let from = self.sim.from;
+        if self.sim.plan_read_at.is_none_or(|read| from <= read) {
+            return;
+        }
         let behind: Vec<Uuid> = plan
             .workflows()
             .filter(|w| {
@@ -921,18 +931,21 @@ mod tests {
     fn a_rule_behind_the_start_starts_at_its_first_occurrence_from_there() {
         // Stored next run a day before the simulated period: nothing of
         // that day is a misfire of the period.
-        let sim = Simulation::new(at(2, 0, 0), at(2, 1, 0));
-        let report = simulate(
-            plan_with(r#"{"misfire":"skip"}"#, "*/15 * * * *", at(1, 0, 0)),
-            &sim,
-        )
-        .unwrap();
+        let mut sim = Simulation::new(at(2, 0, 0), at(2, 1, 0));
+        sim.plan_read_at = Some(at(1, 0, 0));
+        let plan = || plan_with(r#"{"misfire":"skip"}"#, "*/15 * * * *", at(1, 0, 0));
+        let report = simulate(plan(), &sim).unwrap();
         assert_eq!(
             (report.runs, report.skipped),
             (4, 0),
             "{:?}",
             kinds(&report)
         );
+        // Read when the simulation starts: the day behind is real backlog,
+        // sorted by the misfire policy as the service would.
+        sim.plan_read_at = Some(at(2, 0, 0));
+        let report = simulate(plan(), &sim).unwrap();
+        assert!(report.skipped > 0, "{:?}", kinds(&report));
     }
 
     #[test]

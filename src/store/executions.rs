@@ -170,8 +170,7 @@ SELECT status, COUNT(*) AS n FROM executions WHERE finished_at IS NULL GROUP BY 
 /// retry of itself (no failure counted), which the misfire policy and the
 /// catch-up window leave alone. Without the mark, a run lost to a crash
 /// and found more than a minute late was recorded skipped under `misfire:
-/// skip` and never ran again. A lost run-now claim (its occurrence is not
-/// next_run_time) marks nothing.
+/// skip` and never ran again.
 const RELEASE_OWNER_LOCKS: &str = concat!(
     "UPDATE branch_rules SET lock_holder = NULL, lock_time = NULL, is_currently_running = FALSE, ",
     "retry_of = CASE WHEN retry_of IS NULL AND EXISTS (SELECT 1 FROM executions e \

@@ -44,13 +44,18 @@ use crate::store::{Store, TransitionBatcher};
 /// covers their cancellation being recorded.
 const DRAIN_MARGIN: Duration = Duration::from_secs(10);
 
-/// The longest a graceful shutdown of the tree may take: the drain, and
-/// at most five asks of their own (leaving the cluster, partitions handed
-/// back, the outbox's last delivery, the snapshot, the writer's drain). Whoever waits for the
-/// shutdown waits this long: waiting less reported a drain that was still
-/// going as a supervisor that did not answer (and the process exited 1).
+/// How long the shutdown waits for the lease keeper to leave the cluster
+/// before it drains anyway.
+const LEAVE_WAIT: Duration = Duration::from_secs(5);
+
+/// The longest a graceful shutdown of the tree may take: leaving the
+/// cluster, the drain, and at most four asks of their own (partitions
+/// handed back, the outbox's last delivery, the snapshot, the writer's
+/// drain). Whoever waits for the shutdown waits this long: waiting less
+/// reported a drain that was still going as a supervisor that did not
+/// answer (and the process exited 1).
 pub fn shutdown_bound(grace: Duration) -> Duration {
-    grace + DRAIN_MARGIN + 5 * crate::actors::CALL_TIMEOUT
+    LEAVE_WAIT + grace + DRAIN_MARGIN + 4 * crate::actors::CALL_TIMEOUT
 }
 
 /// Why the supervisor gave up: sent to the service, which exits non-zero.
@@ -339,7 +344,9 @@ impl SupervisorState {
         if let Some(lease) = self.args.directory.lease() {
             // The peers take this instance's partitions while its jobs
             // finish; its heartbeat goes on, so they are not taken over.
-            let _ = ask(&lease, LeaseMsg::Leave).await;
+            // Bounded: a lease round stuck on the database must not hold
+            // the drain back (the message stays queued and is acted on).
+            let _ = ask_within(&lease, LEAVE_WAIT, LeaseMsg::Leave).await;
         }
         if let Some(master) = self.args.directory.master() {
             info!("Stopping dispatch; waiting for running jobs");
