@@ -976,9 +976,20 @@ fn a_graceful_stop_hands_its_partitions_on_while_its_jobs_finish() {
             .wait_until_all_done(&expect, Duration::from_secs(60))
             .await;
         let executions = cluster.check_invariants(&expect).await;
+        // Claims still queued when the drain began are given back unrun
+        // (cancelled, never started) and run on the peer as the next
+        // attempt; every run that started completed, once.
+        let repeated: Vec<String> = executions
+            .iter()
+            .filter(|e| {
+                e.status != "completed" && !(e.status == "cancelled" && e.started_at.is_none())
+            })
+            .map(|e| format!("{} {e:?}", e.occurrence()))
+            .collect();
         assert!(
-            executions.iter().all(|e| e.attempt == 1),
-            "a graceful stop repeated an attempt"
+            repeated.is_empty(),
+            "a graceful stop lost or repeated a run:\n  {}",
+            repeated.join("\n  ")
         );
     });
 }
