@@ -35,6 +35,17 @@ async fn executions(store: &Store, id: Uuid) -> Vec<Execution> {
     store.executions_for(id).await.unwrap()
 }
 
+/// Until the rule's job runs.
+async fn until_running(store: &Store, id: Uuid) {
+    until("the job runs", || async {
+        executions(store, id)
+            .await
+            .iter()
+            .any(|e| e.status == ExecutionStatus::Running)
+    })
+    .await;
+}
+
 /// An install on the test's database with a fast engine.
 fn install(db: &TestDb) -> Install {
     Install::with_database(&db.url)
@@ -70,13 +81,7 @@ both_backends!(
         .await;
 
         let mut first = serve(&install, "first.log", &[]);
-        until("the job runs", || async {
-            executions(&store, id)
-                .await
-                .iter()
-                .any(|e| e.status == ExecutionStatus::Running)
-        })
-        .await;
+        until_running(&store, id).await;
         first.kill().unwrap(); // SIGKILL, mid-job
         first.wait().unwrap();
 
@@ -177,13 +182,7 @@ async fn sigterm_past_a_long_grace_period_still_exits_0() {
     )
     .await;
     let mut server = serve(&install, "serve.log", &[("SHUTDOWN_GRACE_SECONDS", "32")]);
-    until("the long job runs", || async {
-        executions(&store, id)
-            .await
-            .iter()
-            .any(|e| e.status == ExecutionStatus::Running)
-    })
-    .await;
+    until_running(&store, id).await;
     signal(&server, libc::SIGTERM);
     let status = wait_exit_within(&mut server, Duration::from_secs(32) + DEADLINE);
     assert_eq!(status.code(), Some(0), "{}", install.log("serve.log"));

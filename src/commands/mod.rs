@@ -27,3 +27,11 @@ pub enum CommandError {
     #[error("no plan available: the database failed ({database}) and {plan_file} does not exist")]
     NoPlan { database: String, plan_file: String },
 }
+
+/// A bad command-line argument, named by its flag.
+pub(crate) fn invalid(field: &'static str, message: impl Into<String>) -> CommandError {
+    CommandError::InvalidArgument {
+        field,
+        message: message.into(),
+    }
+}

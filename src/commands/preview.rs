@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
 
-use super::CommandError;
+use super::{CommandError, invalid};
 use crate::model::Millis;
 use crate::plan::simulate::{preview_under_policy, single_rule_plan};
 use crate::schedule::{CronSchedule, Policy, Window, next_after_millis, parse_timezone, preview};
@@ -28,27 +28,18 @@ pub fn preview_lines(
     now: DateTime<Utc>,
 ) -> Result<Vec<String>, CommandError> {
     let schedule = CronSchedule::parse(request.expression)?;
-    let invalid = |field: &'static str| {
-        move |e: crate::schedule::ScheduleError| CommandError::InvalidArgument {
-            field,
-            message: e.to_string(),
-        }
-    };
     let zone = match request.timezone {
-        Some(name) => parse_timezone(name).map_err(invalid("--tz"))?,
+        Some(name) => parse_timezone(name).map_err(|e| invalid("--tz", e.to_string()))?,
         None => default_zone,
     };
     let window = request
         .window
         .map(str::parse::<Window>)
         .transpose()
-        .map_err(invalid("--window"))?;
+        .map_err(|e| invalid("--window", e.to_string()))?;
     let from = match request.from {
         Some(text) => DateTime::parse_from_rfc3339(text)
-            .map_err(|e| CommandError::InvalidArgument {
-                field: "--from",
-                message: format!("{text:?} is not an RFC 3339 time ({e})"),
-            })?
+            .map_err(|e| invalid("--from", format!("{text:?} is not an RFC 3339 time ({e})")))?
             .with_timezone(&Utc),
         None => now,
     };
@@ -80,12 +71,8 @@ fn policy_lines(
     from: DateTime<Utc>,
     count: usize,
 ) -> Result<Vec<String>, CommandError> {
-    let policy = Policy::from_json_text(Some(policy_text)).map_err(|message| {
-        CommandError::InvalidArgument {
-            field: "--policy",
-            message,
-        }
-    })?;
+    let policy = Policy::from_json_text(Some(policy_text))
+        .map_err(|message| invalid("--policy", message))?;
     let from_ms = from.timestamp_millis();
     let first = next_after_millis(schedule, zone, from_ms - 1)?;
     let plan = single_rule_plan(

@@ -6,7 +6,7 @@
 
 use chrono::{DateTime, NaiveDateTime, Utc};
 
-use super::CommandError;
+use super::{CommandError, invalid};
 use crate::config::Config;
 use crate::model::Millis;
 use crate::plan::simulate::{Report, Simulation};
@@ -89,10 +89,6 @@ pub fn check_format(format: &str) -> Result<(), CommandError> {
             format!("{other:?}: expected table or json"),
         )),
     }
-}
-
-fn invalid(field: &'static str, message: String) -> CommandError {
-    CommandError::InvalidArgument { field, message }
 }
 
 /// RFC 3339, or the same without seconds (`2026-03-29T01:00Z`).

@@ -480,9 +480,9 @@ pub fn decide_finish(
     // The buffered occurrence is owed its run right after this one, late
     // as it is by then: as a pending retry of itself (no failure counted)
     // the misfire policy and the catch-up window leave it alone, where
-    // `misfire: skip` used to record it skipped a minute later.
-    // One the window holds back is not owed: it is missed, and the
-    // misfire policy sorts it when the window opens (`outside_window`).
+    // `misfire: skip` used to record it skipped a minute later. One the
+    // window holds back is not owed: it is missed, and the misfire policy
+    // sorts it when the window opens (`outside_window`).
     if let Some(owed) = buffered.filter(|at| !cadence.outside_window(*at)) {
         decision.retry = RetryUpdate::Pending {
             of: owed,
