@@ -30,16 +30,21 @@ pub enum PersistError {
     },
 }
 
+/// The directory holding `path`: `.` for a bare file name.
+fn directory_of(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
 /// Writes `bytes` to `path` atomically with mode 0600.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), PersistError> {
     let fail = |source| PersistError::Write {
         path: path.to_path_buf(),
         source,
     };
-    let directory = match path.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
+    let directory = directory_of(path);
     fs::create_dir_all(&directory).map_err(fail)?;
     let file_name = path
         .file_name()
@@ -134,11 +139,9 @@ pub fn append_plan_delta(path: &Path, delta: &PlanDelta) -> Result<usize, Persis
     }
     if created {
         // A new file's directory entry is only durable once synced.
-        if let Some(directory) = journal.parent().filter(|p| !p.as_os_str().is_empty()) {
-            File::open(directory)
-                .and_then(|d| d.sync_all())
-                .map_err(fail)?;
-        }
+        File::open(directory_of(&journal))
+            .and_then(|d| d.sync_all())
+            .map_err(fail)?;
     }
     Ok(line.len())
 }
@@ -185,6 +188,13 @@ pub fn read_plan_file(path: &Path) -> Result<Option<PlanSnapshot>, PersistError>
             warn!(
                 "⚠️ The plan journal {} ends in a partial write (a crash mid-append); it is ignored",
                 journal.display()
+            );
+        }
+        if !read.corrupt.is_empty() {
+            warn!(
+                "⚠️ The plan journal {} has damaged line(s) {:?}; they are skipped, the lines after them applied, and the database corrects the rest",
+                journal.display(),
+                read.corrupt
             );
         }
         snapshot.apply(read.deltas);

@@ -12,12 +12,13 @@
 
 use std::time::Duration;
 
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::actors::lease::partition_text;
 use crate::clock::millis_to_utc;
 use crate::cluster::{self, InstanceIdVerdict, InstanceSeen};
 use crate::config::{Config, hostname};
+use crate::metrics as m;
 use crate::model::{Execution, Millis};
 use crate::persist::read_plan_file;
 use crate::store::{Backend, Released, Store, StoreError};
@@ -100,7 +101,24 @@ pub async fn recover_at_start(
 ) -> Result<(), RecoveryError> {
     if let Ok(Some(snapshot)) = read_plan_file(&config.plan_file) {
         for entry in &snapshot.outbox {
-            match store.finish_released(&entry.fence, &entry.finish).await? {
+            let delivered = match store.finish_released(&entry.fence, &entry.finish).await {
+                Ok(delivered) => delivered,
+                // The database is away: starting now would run again what
+                // the outbox says already ran.
+                Err(e) if e.is_transient() => return Err(e.into()),
+                // Refused for good, it would be refused at every start: a
+                // service that never starts again runs nothing at all. The
+                // run is recorded lost below and runs again.
+                Err(e) => {
+                    metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "outbox").increment(1);
+                    error!(
+                        execution_id = %entry.fence.execution_id,
+                        "📮 The database refused an outbox entry; its run is recorded lost (worker_lost) and runs again: {e}"
+                    );
+                    continue;
+                }
+            };
+            match delivered {
                 Some(Released::Row(_)) => {
                     info!(execution_id = %entry.fence.execution_id, "📬 Delivered a result kept in the outbox")
                 }

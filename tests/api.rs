@@ -204,6 +204,12 @@ both_backends!(
             )
             .await;
         assert_eq!(off.json["is_active"], false, "{}", off.text);
+        // Seed 001's words say the same.
+        let status = format!("/api/v1/branch-rules/{br}/status");
+        let on = api.put(&status, &json!({ "status": "active" })).await;
+        assert_eq!(on.json["is_active"], true, "{}", on.text);
+        let off = api.put(&status, &json!({ "status": "inactive" })).await;
+        assert_eq!(off.json["is_active"], false, "{}", off.text);
         let preview = api
             .get(&format!("/api/v1/branch-rules/{br}/preview?count=3"))
             .await;

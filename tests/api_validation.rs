@@ -212,6 +212,18 @@ rejects!(wrong_json_type, "is_active", |f| (
     json!({ "is_active": "yes" })
 ));
 
+rejects!(branch_rule_status_outside_its_set, "status", |f| (
+    Method::PUT,
+    format!("/api/v1/branch-rules/{}/status", f.branch_rule),
+    json!({ "status": "paused" })
+));
+
+rejects!(branch_rule_status_without_a_field, "is_active", |f| (
+    Method::PUT,
+    format!("/api/v1/branch-rules/{}/status", f.branch_rule),
+    json!({})
+));
+
 rejects!(rule_status_outside_its_set, "status", |f| (
     Method::PUT,
     format!("/api/v1/rules/{}", f.rule),

@@ -24,7 +24,7 @@ use ruled::memory::{FedSampler, GpuSupport, MemoryReading, MemorySampler, System
 use ruled::messages::master::JobReport;
 use ruled::messages::memory_guard::MemoryStatus;
 use ruled::messages::worker::{CancelReason, Job};
-use ruled::messages::{MasterMsg, MemoryGuardMsg, WorkerMsg};
+use ruled::messages::{LeaseMsg, MasterMsg, MemoryGuardMsg, WorkerMsg};
 use ruled::model::{Execution, ExecutionStatus, Millis};
 use ruled::plan::{JobSpec, JobStep};
 use ruled::service::{Service, ServiceOptions};
@@ -652,4 +652,91 @@ async fn a_held_job_cancelled_never_starts() {
     assert_eq!(rule.last_run_time, None);
     assert!(rule.lock_holder.is_none() && !rule.is_currently_running);
     handoff.worker.wait(Some(DEADLINE)).await.unwrap();
+}
+
+/// The partitions `service` holds a lease on now.
+async fn partitions_held(service: &Service) -> usize {
+    let Some(lease) = service.directory().lease() else {
+        return 0;
+    };
+    ask(&lease, LeaseMsg::Status)
+        .await
+        .map_or(0, |status| status.ownership.held_count().unwrap_or(0))
+}
+
+/// On PostgreSQL a throttled instance claims nothing, so it hands its
+/// partitions to a peer with memory to spare, which runs what falls due
+/// meanwhile; once the throttle lifts it takes its share again. Before,
+/// the rules of its partitions waited for its memory while the peer idled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttled_instance_hands_its_partitions_to_a_peer_until_it_recovers() {
+    let Some(db) = common::postgres_db().await else {
+        return;
+    };
+    let instance = |id: &'static str, feed: &FedSampler| {
+        let options = ServiceOptions::new().memory_sampler(feed.factory());
+        let db = &db;
+        async move {
+            start_service_with_options(
+                &db.url,
+                |config| Config {
+                    instance_id: id.into(),
+                    partition_lease_retry: Duration::from_millis(200),
+                    master_grace_period: Duration::ZERO,
+                    worker_cooldown: Duration::ZERO,
+                    worker_stagger: Duration::ZERO,
+                    worker_count: 2,
+                    memory_check_interval: CHECK_INTERVAL,
+                    ..config
+                },
+                options,
+            )
+            .await
+        }
+    };
+    let short_feed = FedSampler::new(MemoryReading::ram_percent(50.0));
+    let roomy_feed = FedSampler::new(MemoryReading::ram_percent(50.0));
+    let short = instance("short-of-memory", &short_feed).await;
+    let roomy = instance("roomy", &roomy_feed).await;
+    let count = short.service.config().partition_count as usize;
+    eventually(DEADLINE, "both instances hold a share", || async {
+        partitions_held(&short.service).await > 0 && partitions_held(&roomy.service).await > 0
+    })
+    .await;
+
+    short_feed.set(MemoryReading::ram_percent(95.0));
+    eventually(DEADLINE, "the peer holds every partition", || async {
+        partitions_held(&short.service).await == 0 && partitions_held(&roomy.service).await == count
+    })
+    .await;
+    let store = roomy.service.store();
+    let mut ids = Vec::new();
+    for _ in 0..20 {
+        ids.push(insert_rule(store, YEARLY, now_ms(), &[step("noop", json!({}))]).await);
+    }
+    eventually(DEADLINE, "every rule ran", || async {
+        for id in &ids {
+            if !status_is(&roomy.service, *id, ExecutionStatus::Completed).await {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+    for id in &ids {
+        let runs = executions(&roomy.service, *id).await;
+        assert_eq!(runs.len(), 1, "{runs:?}");
+        assert_eq!(runs[0].owner, "roomy", "{runs:?}");
+    }
+    assert!(throttled(&short.service).await, "still throttled");
+
+    short_feed.set(MemoryReading::ram_percent(50.0));
+    eventually(
+        DEADLINE,
+        "the recovered instance takes its share again",
+        || async { partitions_held(&short.service).await > 0 },
+    )
+    .await;
+    short.service.shutdown("test").await.unwrap();
+    roomy.service.shutdown("test").await.unwrap();
 }

@@ -12,9 +12,13 @@ use common::service::{start_service_with, without_delays};
 use common::{TestDb, eventually};
 use ruled::actors::ask;
 use ruled::config::Config;
+use ruled::lifecycle::{ClaimRequest, Finish, RetryUpdate};
 use ruled::messages::PlanMsg;
 use ruled::model::ExecutionStatus;
+use ruled::persist::write_plan_file;
+use ruled::plan::{OutboxEntry, PlanSnapshot};
 use serde_json::json;
+use uuid::Uuid;
 
 const DEADLINE: Duration = Duration::from_secs(40);
 const TOKEN: &str = "outbox-token";
@@ -117,3 +121,81 @@ both_backends!(
         running.service.shutdown("test").await.unwrap();
     }
 );
+
+/// An outbox entry the database refuses for good (here a trigger) would be
+/// refused at every start: the start goes on, the run is recorded lost, and
+/// the occurrence runs again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outbox_entry_refused_for_good_does_not_stop_the_start() {
+    let db = common::sqlite_db().await;
+    let store = db.store().await;
+    let now = chrono::Utc::now().timestamp_millis();
+    let id = insert_rule(&store, YEARLY, now, &[step("noop", json!({}))]).await;
+    let instance = "refused-outbox";
+    let claim = store
+        .claim(&ClaimRequest {
+            branch_rule_id: id,
+            holder: instance.into(),
+            now,
+            lock_timeout_ms: 300_000,
+            execution_id: Uuid::new_v4(),
+            run_now: false,
+        })
+        .await
+        .unwrap()
+        .expect("claimed");
+    let fence = claim.fence();
+    assert!(store.mark_scheduled(&fence, now).await.unwrap());
+    assert!(store.mark_running(&fence, now).await.unwrap());
+    store
+        .execute_sql(
+            "CREATE TRIGGER refuse_the_first_completion BEFORE UPDATE ON executions \
+             WHEN NEW.status = 'completed' AND NEW.attempt = 1 \
+             BEGIN SELECT RAISE(ABORT, 'refused by the test'); END",
+        )
+        .await
+        .unwrap();
+    let files = tempfile::tempdir().unwrap();
+    let plan_file = files.path().join("plan.json");
+    let finish = Finish {
+        status: ExecutionStatus::Completed,
+        finished_at: now + 1,
+        error: None,
+        output: None,
+        next_run_time: Some(now + 86_400_000),
+        advance_last_run: true,
+        retry: RetryUpdate::Keep,
+        skipped: Vec::new(),
+        clear_next_run: false,
+    };
+    let snapshot = PlanSnapshot {
+        saved_at: now + 1,
+        outbox: vec![OutboxEntry {
+            fence: fence.clone(),
+            finish,
+            added_at: now + 1,
+        }],
+        ..PlanSnapshot::default()
+    };
+    write_plan_file(&plan_file, &snapshot).unwrap();
+
+    let running = start_service_with(&db.url, |config| Config {
+        instance_id: instance.into(),
+        plan_file,
+        ..without_delays(config)
+    })
+    .await;
+    eventually(DEADLINE, "the occurrence runs again", || async {
+        store
+            .executions_for(id)
+            .await
+            .unwrap()
+            .iter()
+            .any(|e| e.attempt == 2 && e.status == ExecutionStatus::Completed)
+    })
+    .await;
+    let first = store.execution(fence.execution_id).await.unwrap().unwrap();
+    assert_eq!(first.status, ExecutionStatus::Failed, "{first:?}");
+    assert_eq!(first.error.as_deref(), Some("worker_lost"));
+    running.service.shutdown("test").await.unwrap();
+}

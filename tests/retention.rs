@@ -143,6 +143,29 @@ async fn postgres_prunes_old_finished_history_in_batches() {
     prunes_old_finished_history_in_batches(db).await;
 }
 
+// An occurrence still waiting for its retry keeps its failed attempts,
+// however old: the retry numbers itself after them.
+both_backends!(
+    the_attempts_of_an_occurrence_with_a_retry_pending_are_kept,
+    |db: TestDb| async move {
+        let store = db.store().await;
+        let history = write_history(&store, 3).await;
+        store
+            .execute_sql(
+                "UPDATE branch_rules SET retry_of = (SELECT scheduled_for FROM executions \
+                 WHERE status = 'failed' ORDER BY requested_at LIMIT 1)",
+            )
+            .await
+            .unwrap();
+        let cutoff = now_ms() - 30 * DAY;
+        let summary = store.prunable_executions(cutoff).await.unwrap();
+        assert_eq!(summary.total(), history.old_finished - 1);
+        while store.prune_executions(cutoff, 100).await.unwrap() > 0 {}
+        assert_eq!(execution_count(&store).await, history.kept + 1);
+        store.close().await;
+    }
+);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_pruners_side_by_side_delete_each_row_once() {
     let Some(db) = common::postgres_db().await else {

@@ -191,6 +191,73 @@ async fn sigterm_past_a_long_grace_period_still_exits_0() {
     assert_eq!(runs[0].status, ExecutionStatus::Cancelled, "{:?}", runs[0]);
 }
 
+/// A SIGKILL of ruled takes its command action's program with it: the
+/// restart records the run lost and runs the occurrence again, and the old
+/// program still at work beside it would be a second run at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_action_dies_with_a_service_killed_by_sigkill() {
+    let db = common::sqlite_db().await;
+    let store = db.store().await;
+    let install = install(&db);
+    let program = json!({"program": "sleep", "args": ["600"], "timeout_ms": 600_000});
+    let id = insert_rule(&store, YEARLY, now_ms(), &[step("command", program)]).await;
+    let mut server = serve(
+        &install,
+        "serve.log",
+        &[("COMMAND_ACTIONS_ENABLED", "true")],
+    );
+    until_running(&store, id).await;
+    let started = Instant::now();
+    let sleep = loop {
+        if let Some(&pid) = children(server.id()).first() {
+            break pid;
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "the program never started: {}",
+            install.log("serve.log")
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    server.kill().unwrap(); // SIGKILL: no guard of ruled's runs
+    server.wait().unwrap();
+    let killed = Instant::now();
+    while alive(sleep) && killed.elapsed() < DEADLINE {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if alive(sleep) {
+        // SAFETY: kill(2) on the pid found above, which is still alive.
+        unsafe { libc::kill(sleep, libc::SIGKILL) };
+        panic!("the command action's program {sleep} outlived ruled's SIGKILL");
+    }
+}
+
+/// The pids whose parent is `parent`, from /proc.
+fn children(parent: u32) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| proc_stat(pid).is_some_and(|(_, ppid)| ppid == parent as i32))
+        .collect()
+}
+
+/// Alive and not a zombie (a container's init may never reap an orphan).
+fn alive(pid: i32) -> bool {
+    proc_stat(pid).is_some_and(|(state, _)| state != 'Z')
+}
+
+/// A process's state and parent pid, from /proc/<pid>/stat.
+fn proc_stat(pid: i32) -> Option<(char, i32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The name in parentheses may hold spaces; the fields after it do not.
+    let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let ppid = fields.next()?.parse().ok()?;
+    Some((state, ppid))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_demo_quick_start_shows_the_engine_at_work() {
     let install = Install::new();

@@ -574,6 +574,27 @@ both_backends!(
     }
 );
 
+// A handler's message may hold NUL, which PostgreSQL's text refuses: the
+// finish must land anyway, or it would wait in the outbox for good.
+both_backends!(
+    a_finish_whose_error_holds_a_nul_byte_is_recorded,
+    |db: TestDb| async move {
+        let store = store_with_rules(&db, [11]).await;
+        let fence = claim(&store, 11, HOLDER, T0).await.fence();
+        let finish = Finish {
+            status: ExecutionStatus::Failed,
+            error: Some("bad\0byte".into()),
+            output: Some(json!({"stdout": "a\u{0}b"})),
+            ..completed(T0 + 10, Some(T0 + 86_400_000))
+        };
+        assert!(store.finish(&fence, &finish).await.unwrap().is_some());
+        let e = execution(&store, fence.execution_id).await;
+        assert_eq!(e.status, ExecutionStatus::Failed);
+        assert_eq!(e.error.as_deref(), Some("bad\u{FFFD}byte"));
+        assert_eq!(e.output, Some(json!({"stdout": "a\u{0}b"})));
+    }
+);
+
 both_backends!(a_stale_owner_changes_nothing, |db: TestDb| async move {
     let store = store_with_rules(&db, [10]).await;
     let won = claim(&store, 10, HOLDER, T0).await;

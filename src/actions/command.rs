@@ -115,6 +115,7 @@ async fn run_program(spec: &Spec) -> Result<ActionOutput, ActionError> {
         // Backstop only: it reaches the child, not its descendants; the
         // group guard below does the real work.
         .kill_on_drop(true);
+    die_with_the_service(&mut command);
     let child = command
         .spawn()
         .map_err(|e| ActionError::failed(format!("could not start `{}`: {e}", spec.program)))?;
@@ -167,6 +168,33 @@ async fn run_program(spec: &Spec) -> Result<ActionOutput, ActionError> {
         message: format!("command `{}` {how}", spec.program),
         output: Some(output),
     })
+}
+
+/// The program is killed when ruled dies, even by SIGKILL, where no guard
+/// runs: after a crash the restart records the run lost and runs the
+/// occurrence again, so a program left running would be a second run at
+/// once. This reaches the program itself; what it started in its group
+/// outlives a SIGKILL of ruled.
+///
+/// Linux ties the signal to the thread that forked, not the process: tokio
+/// forks on the runtime thread polling the action, and its worker threads
+/// live as long as the runtime.
+fn die_with_the_service(command: &mut Command) {
+    let service = std::process::id();
+    // SAFETY: between fork and exec the closure only makes async-signal-safe
+    // calls (prctl, getppid, _exit) and allocates nothing.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // ruled died before the prctl: the signal will never come.
+            if u32::try_from(libc::getppid()).ok() != Some(service) {
+                libc::_exit(137);
+            }
+            Ok(())
+        });
+    }
 }
 
 /// Waits for the program while draining both pipes (a child blocked on a

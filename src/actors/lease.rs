@@ -31,7 +31,7 @@ use tokio::task::JoinHandle;
 use tracing::{debug, error, info, warn};
 use uuid::Uuid;
 
-use crate::actors::ask_within;
+use crate::actors::{ask_within, master_is_throttled};
 use crate::clock::Clock;
 use crate::cluster::{self, LiveInstance, Ownership};
 use crate::config::{Config, Partition, hostname};
@@ -80,6 +80,14 @@ pub struct LeaseState {
     /// on heartbeating (the running jobs are still this instance's) but
     /// take no partition and take over nobody.
     leaving: bool,
+    /// Memory is short ([`LeaseMsg::MemoryThrottle`]).
+    throttled: bool,
+    /// Set while throttled with a live peer to take the partitions: the
+    /// ticks go on as for `leaving`, until the throttle lifts.
+    stepped_aside: bool,
+    /// The leaving mark is still to be cleared after a throttle: the peers
+    /// deal this instance no share until it is, so it takes none either.
+    rejoin_pending: bool,
 }
 
 impl Actor for LeaseActor {
@@ -93,6 +101,10 @@ impl Actor for LeaseActor {
         args: LeaseArgs,
     ) -> Result<LeaseState, ActorProcessingErr> {
         let ownership = initial_ownership(&args.config, args.store.backend());
+        // A restart carries the throttle on; a leaving mark a throttled
+        // predecessor left is cleared first, and set again at the first
+        // tick if memory is still short.
+        let throttled = master_is_throttled(&args.directory).await;
         myself.send_message(LeaseMsg::Tick)?;
         let started_at = args.clock.now_ms();
         Ok(LeaseState {
@@ -106,6 +118,9 @@ impl Actor for LeaseActor {
             forwarded: HashSet::new(),
             released: false,
             leaving: false,
+            throttled,
+            stepped_aside: false,
+            rejoin_pending: true,
         })
     }
 
@@ -138,6 +153,7 @@ impl Actor for LeaseActor {
                 state.release_all().await;
                 let _ = reply.send(());
             }
+            LeaseMsg::MemoryThrottle { throttled } => state.memory_throttle(throttled).await,
             LeaseMsg::InjectPanic(reason) => panic!("{reason}"),
         }
         Ok(())
@@ -191,7 +207,10 @@ impl LeaseState {
             info!("💓 Heartbeat renewed: rejoining the cluster");
             self.fenced = false;
         }
-        if self.leaving {
+        if self.throttled || self.stepped_aside {
+            self.follow_the_throttle().await;
+        }
+        if self.leaving || self.stepped_aside || !self.rejoined().await {
             // Only the heartbeat and the cancel requests of the jobs still
             // finishing here.
             self.publish();
@@ -534,6 +553,87 @@ impl LeaseState {
             }
         }
         self.release_leases().await;
+    }
+
+    async fn memory_throttle(&mut self, throttled: bool) {
+        self.throttled = throttled;
+        self.follow_the_throttle().await;
+    }
+
+    /// A throttled instance claims nothing, so the partitions it holds
+    /// would wait for its memory while a peer may have room: with a live
+    /// peer, it steps aside as a leaving instance does (heartbeat and
+    /// running jobs go on) and takes its share again when the throttle
+    /// lifts, or when no peer is left to serve it. A lone instance keeps
+    /// its partitions: nobody else would serve them, and its plan still
+    /// shows what waits for memory.
+    async fn follow_the_throttle(&mut self) {
+        if self.leaving || self.released || self.args.store.backend() != Backend::Postgres {
+            return;
+        }
+        if self.throttled && !self.stepped_aside {
+            if self.live_peers().await > 0 {
+                self.step_aside().await;
+            }
+        } else if self.stepped_aside && (!self.throttled || self.live_peers().await == 0) {
+            self.stepped_aside = false;
+            self.rejoin_pending = true;
+            self.rejoined().await;
+        }
+    }
+
+    /// Live instances other than this one that are not leaving; 0 when the
+    /// database cannot say.
+    async fn live_peers(&self) -> usize {
+        match self.args.store.live_instances(self.ttl_ms()).await {
+            Ok(live) => live.iter().filter(|row| row.id != self.me()).count(),
+            Err(e) => {
+                metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "leases").increment(1);
+                debug!("Live instances not read: {e}");
+                0
+            }
+        }
+    }
+
+    async fn step_aside(&mut self) {
+        let now = self.args.clock.now_ms();
+        if let Err(e) = self.args.store.mark_instance_leaving(self.me(), now).await {
+            // Unmarked, the peers would keep leaving this instance its
+            // share: its partitions stay with it, served once memory is back.
+            metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "leave").increment(1);
+            warn!("Could not hand the partitions to the peers while memory is short: {e}");
+            return;
+        }
+        self.stepped_aside = true;
+        self.rejoin_pending = false;
+        warn!("🫸 Memory is short: the peers take this instance's partitions until it recovers");
+        self.release_leases().await;
+    }
+
+    /// Clears the leaving mark a throttle left, if any is pending: `false`
+    /// while it cannot be (the next tick tries again).
+    async fn rejoined(&mut self) -> bool {
+        if !self.rejoin_pending || self.args.store.backend() != Backend::Postgres {
+            self.rejoin_pending = false;
+            return true;
+        }
+        let now = self.args.clock.now_ms();
+        match self.args.store.mark_instance_back(self.me(), now).await {
+            Ok(true) => {
+                self.rejoin_pending = false;
+                info!("This instance takes its share of the partitions again");
+                true
+            }
+            Ok(false) => {
+                self.rejoin_pending = false;
+                true
+            }
+            Err(e) => {
+                metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "leave").increment(1);
+                warn!("Could not take a share of the partitions again: {e}");
+                false
+            }
+        }
     }
 
     /// Graceful stop: the peers take the partitions at their next retry.

@@ -23,7 +23,7 @@ use crate::directory::Directory;
 use crate::lifecycle::{Claim, ClaimRequest, Fence, Finish, SkipRequest, new_execution_id};
 use crate::messages::master::{CancelOutcome, DrainReport, ForceStopOutcome, JobReport};
 use crate::messages::worker::{CancelReason, Job};
-use crate::messages::{MasterMsg, MemoryGuardMsg, PlanMsg, RefresherMsg, WorkerMsg};
+use crate::messages::{LeaseMsg, MasterMsg, MemoryGuardMsg, PlanMsg, RefresherMsg, WorkerMsg};
 use crate::metrics as m;
 use crate::model::{ExecutionStatus, Millis};
 use crate::plan::{Ending, JobSpec, decide_due, job_steps, overlap_due};
@@ -732,6 +732,9 @@ impl MasterState {
         self.throttled = throttled;
         for worker in self.pool.handles() {
             let _ = worker.cast(WorkerMsg::MemoryThrottle { throttled });
+        }
+        if let Some(lease) = self.args.directory.lease() {
+            let _ = lease.cast(LeaseMsg::MemoryThrottle { throttled });
         }
         if throttled {
             // A throttle may last long: queued claims go back, so another

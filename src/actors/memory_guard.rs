@@ -10,7 +10,7 @@ use std::time::Duration;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tracing::{info, warn};
 
-use crate::actors::ask_within;
+use crate::actors::master_is_throttled;
 use crate::config::Config;
 use crate::directory::Directory;
 use crate::memory::{
@@ -23,20 +23,6 @@ use crate::metrics as m;
 
 /// The reason a restarted guard gives while the throttle it inherited stands.
 const RESTARTED_THROTTLED: &str = "throttled before the memory guard restarted";
-
-/// How long a starting guard waits for the master's answer: short, since a
-/// master starting at the same time asks the guard in turn.
-const MASTER_ANSWER: Duration = Duration::from_secs(2);
-
-/// Whether a master is running and holds work back for memory.
-async fn master_is_throttled(directory: &Directory) -> bool {
-    match directory.master() {
-        Some(master) => ask_within(&master, MASTER_ANSWER, MasterMsg::IsMemoryThrottled)
-            .await
-            .unwrap_or(false),
-        None => false,
-    }
-}
 
 pub struct MemoryGuardActor;
 

@@ -18,7 +18,7 @@ use ractor::{ActorRef, Message, RpcReplyPort};
 
 use crate::directory::Directory;
 use crate::lifecycle::{Fence, Finish};
-use crate::messages::{PlanMsg, RefresherMsg};
+use crate::messages::{MasterMsg, PlanMsg, RefresherMsg};
 use crate::metrics as m;
 use crate::model::Millis;
 use crate::plan::OutboxEntry;
@@ -162,4 +162,20 @@ fn finished_locally(fence: &Fence, finish: &Finish) -> Option<PlanMsg> {
         next_run_time: finish.next_run_time,
         retry: finish.retry,
     })
+}
+
+/// How long a restarted actor waits for the master to say whether memory
+/// is short: briefly, since a master starting at the same time may be
+/// asking the restarted actor in turn.
+const MASTER_ANSWER: Duration = Duration::from_secs(2);
+
+/// Whether a master is running and holds work back for memory: what a
+/// restarted memory guard or lease actor resumes from.
+pub async fn master_is_throttled(directory: &Directory) -> bool {
+    match directory.master() {
+        Some(master) => ask_within(&master, MASTER_ANSWER, MasterMsg::IsMemoryThrottled)
+            .await
+            .unwrap_or(false),
+        None => false,
+    }
 }

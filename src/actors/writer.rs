@@ -76,6 +76,17 @@ impl Actor for WriterActor {
     ) -> Result<(), ActorProcessingErr> {
         match message {
             WriterMsg::Enqueue(snapshot) => {
+                // The snapshot holds what the changes waiting here hold.
+                // Kept, the later changes would fold into them and carry
+                // their older states past it (an outbox, say, that the
+                // snapshot has since filled).
+                if state
+                    .pending
+                    .as_ref()
+                    .is_some_and(|delta| delta.seq <= snapshot.journal_seq)
+                {
+                    state.pending = None;
+                }
                 if state.queue.len() >= WRITE_QUEUE_CAPACITY {
                     state.queue.pop_front();
                     state.stats.snapshots_dropped += 1;
@@ -255,6 +266,7 @@ mod tests {
     use super::*;
     use crate::actors::ask;
     use crate::persist::read_plan_file;
+    use crate::plan::OutboxEntry;
 
     fn snapshot(saved_at: Millis) -> Arc<PlanSnapshot> {
         Arc::new(PlanSnapshot {
@@ -389,6 +401,69 @@ mod tests {
         written(&writer).await;
         let read = read_plan_file(&path).unwrap().unwrap();
         assert_eq!(read.workflows[0].branch_rule.next_run_time, Some(101));
+        writer.stop(None);
+        handle.await.unwrap();
+    }
+
+    /// Changes queued before a snapshot, then changes after it: the first
+    /// are in the snapshot, and folded into the later ones they would be
+    /// replayed over it with their older states.
+    #[tokio::test(start_paused = true)]
+    async fn changes_older_than_a_queued_snapshot_are_not_replayed_over_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("plan.json");
+        let args = WriterArgs {
+            path: path.clone(),
+            min_interval: Duration::from_secs(3_600),
+            clock: Clock::starting_at(0),
+        };
+        let (writer, handle) = Actor::spawn(None, WriterActor, args).await.unwrap();
+        let base = PlanSnapshot {
+            journal_seq: 10,
+            workflows: vec![workflow(1, 100), workflow(2, 200)],
+            ..PlanSnapshot::default()
+        };
+        writer.cast(WriterMsg::Enqueue(Arc::new(base))).unwrap();
+        assert_eq!(written(&writer).await, (1, 0));
+
+        let kept = OutboxEntry {
+            fence: crate::lifecycle::Fence {
+                execution_id: uuid::Uuid::from_u128(0xE),
+                branch_rule_id: uuid::Uuid::from_u128(1),
+                holder: "here".into(),
+                epoch: 1,
+            },
+            finish: crate::lifecycle::Finish::leaving_due(
+                crate::model::ExecutionStatus::Failed,
+                5,
+                "database down".into(),
+            ),
+            added_at: 5,
+        };
+        // The next write waits out the hour: all three wait together.
+        let emptied = PlanDelta {
+            outbox: Some(Vec::new()),
+            ..delta(11, 1, 101)
+        };
+        writer.cast(WriterMsg::Append(emptied)).unwrap();
+        let snapshot = PlanSnapshot {
+            journal_seq: 12,
+            workflows: vec![workflow(1, 102), workflow(2, 200)],
+            outbox: vec![kept.clone()],
+            ..PlanSnapshot::default()
+        };
+        writer.cast(WriterMsg::Enqueue(Arc::new(snapshot))).unwrap();
+        writer.cast(WriterMsg::Append(delta(13, 2, 201))).unwrap();
+        written(&writer).await;
+
+        let read = read_plan_file(&path).unwrap().unwrap();
+        assert_eq!(read.outbox, vec![kept]);
+        let next_runs: Vec<_> = read
+            .workflows
+            .iter()
+            .map(|w| w.branch_rule.next_run_time.unwrap())
+            .collect();
+        assert_eq!(next_runs, vec![102, 201]);
         writer.stop(None);
         handle.await.unwrap();
     }

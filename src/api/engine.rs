@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
@@ -52,10 +52,76 @@ async fn branch_rule(s: &ApiState, id: &str) -> ApiResult<(Uuid, Map<String, Val
     Ok((uuid, get_row(s, &BRANCH_RULES, "branch rule", id).await?))
 }
 
-#[derive(Debug, Deserialize, ToSchema)]
+/// Activates or deactivates a branch rule: `{"is_active": false}`, or in
+/// the words of seed 001's schedules, `{"status": "inactive"}`.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum StatusInput {
+    Flag(ActiveFlag),
+    Word(ActiveWord),
+}
+
+#[derive(Debug, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct StatusInput {
+pub struct ActiveFlag {
     is_active: bool,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ActiveWord {
+    status: Activity,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Activity {
+    Active,
+    Inactive,
+}
+
+impl StatusInput {
+    fn is_active(&self) -> bool {
+        match self {
+            StatusInput::Flag(flag) => flag.is_active,
+            StatusInput::Word(word) => matches!(word.status, Activity::Active),
+        }
+    }
+}
+
+/// By hand rather than `untagged`, whose one message for every mistake
+/// ("did not match any variant") names no field.
+impl<'de> Deserialize<'de> for StatusInput {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let mut fields = Map::<String, Value>::deserialize(deserializer)?;
+        let (is_active, status) = (fields.remove("is_active"), fields.remove("status"));
+        if let Some(unknown) = fields.keys().next() {
+            return Err(D::Error::custom(format!(
+                "unknown field `{unknown}`, expected `is_active` or `status`"
+            )));
+        }
+        match (is_active, status) {
+            (Some(Value::Bool(is_active)), None) => Ok(StatusInput::Flag(ActiveFlag { is_active })),
+            (Some(_), None) => Err(D::Error::custom("`is_active` must be true or false")),
+            (None, Some(Value::String(word))) if word == "active" => {
+                Ok(StatusInput::Word(ActiveWord {
+                    status: Activity::Active,
+                }))
+            }
+            (None, Some(Value::String(word))) if word == "inactive" => {
+                Ok(StatusInput::Word(ActiveWord {
+                    status: Activity::Inactive,
+                }))
+            }
+            (None, Some(_)) => Err(D::Error::custom(
+                "`status` must be \"active\" or \"inactive\"",
+            )),
+            (Some(_), Some(_)) => Err(D::Error::custom("give `is_active` or `status`, not both")),
+            // Worded as serde words it, so the error names the field.
+            (None, None) => Err(D::Error::missing_field("is_active")),
+        }
+    }
 }
 
 #[utoipa::path(put, path = "/branch-rules/{id}/status", tag = "branch rules",
@@ -70,7 +136,7 @@ pub async fn set_status(
 ) -> ApiResult<Json<BranchRule>> {
     let (uuid, _) = branch_rule(&s, &id).await?;
     let mut changes = Map::new();
-    changes.insert("is_active".into(), Value::Bool(input.is_active));
+    changes.insert("is_active".into(), Value::Bool(input.is_active()));
     changes.insert("updated_at".into(), s.clock().now_ms().into());
     s.store().update_row(&BRANCH_RULES, uuid, &changes).await?;
     nudge(&s);

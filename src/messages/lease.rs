@@ -22,6 +22,10 @@ pub enum LeaseMsg {
     /// Graceful stop: give every partition back so the peers take them at
     /// once instead of after the TTL, and stop. Replies when done.
     ReleaseAll(RpcReplyPort<()>),
+    /// The memory throttle, from the master: a throttled instance claims
+    /// nothing, so it hands its partitions to its peers (marked leaving, as
+    /// a graceful stop is) and takes its share again when it lifts.
+    MemoryThrottle { throttled: bool },
     /// Panics inside the actor, for supervision tests and chaos drills.
     InjectPanic(String),
 }

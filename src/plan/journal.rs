@@ -115,26 +115,32 @@ impl PlanSnapshot {
 }
 
 /// A journal's lines, parsed. A line cut short by a crash in the middle of
-/// an append can only be the last; it and anything after it are dropped,
-/// and `torn` says so.
+/// an append can only be the last: it is dropped, and `torn` says so. A
+/// bad line with whole lines after it is not a torn append (each append
+/// cuts a partial line back first) but damage: it is skipped, its number
+/// kept in `corrupt`, and the lines after it still apply, since each holds
+/// the whole state of what it touched.
 #[derive(Debug, Default)]
 pub struct JournalRead {
     pub deltas: Vec<PlanDelta>,
     pub torn: bool,
+    /// 1-based line numbers of bad lines before the last.
+    pub corrupt: Vec<usize>,
 }
 
 pub fn parse_journal(bytes: &[u8]) -> JournalRead {
     let mut read = JournalRead::default();
-    for line in bytes.split(|b| *b == b'\n') {
-        if line.iter().all(u8::is_ascii_whitespace) {
-            continue;
-        }
+    let lines: Vec<(usize, &[u8])> = bytes
+        .split(|b| *b == b'\n')
+        .enumerate()
+        .filter(|(_, line)| !line.iter().all(u8::is_ascii_whitespace))
+        .collect();
+    let last = lines.len().saturating_sub(1);
+    for (position, (index, line)) in lines.into_iter().enumerate() {
         match serde_json::from_slice::<PlanDelta>(line) {
             Ok(delta) => read.deltas.push(delta),
-            Err(_) => {
-                read.torn = true;
-                break;
-            }
+            Err(_) if position == last => read.torn = true,
+            Err(_) => read.corrupt.push(index + 1),
         }
     }
     read
@@ -250,5 +256,17 @@ mod tests {
         let torn = parse_journal(&bytes[..cut]);
         assert_eq!((torn.deltas.len(), torn.torn), (1, true));
         assert_eq!(torn.deltas[0].seq, 1);
+    }
+
+    #[test]
+    fn a_damaged_line_before_the_last_is_skipped_and_the_rest_applies() {
+        let mut bytes = delta(1, &[(1, Some(5))]).to_json_line();
+        bytes.extend(b"{\"seq\": 2, garbage\n");
+        bytes.extend(delta(3, &[(2, Some(6))]).to_json_line());
+        let read = parse_journal(&bytes);
+        assert!(!read.torn);
+        assert_eq!(read.corrupt, vec![2]);
+        let seqs: Vec<u64> = read.deltas.iter().map(|d| d.seq).collect();
+        assert_eq!(seqs, vec![1, 3]);
     }
 }

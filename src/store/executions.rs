@@ -295,8 +295,11 @@ pub(super) fn output_text(output: Option<&Value>) -> Option<String> {
     Some(summary.to_string())
 }
 
+/// PostgreSQL's text refuses NUL, and a finish it refuses would stay in the
+/// outbox for good: a NUL (from a handler's message, say) is stored as
+/// U+FFFD on both backends.
 pub(super) fn error_text(error: Option<&str>) -> Option<String> {
-    error.map(|e| truncate_utf8(e, ERROR_CAP_BYTES).to_string())
+    error.map(|e| truncate_utf8(e, ERROR_CAP_BYTES).replace('\0', "\u{FFFD}"))
 }
 
 impl Store {

@@ -66,6 +66,10 @@ const LIVE_INSTANCES: super::leases::DbSql = on_each_clock!(live_instances_sql);
 /// A graceful stop under way: no share of the partitions is dealt to it.
 const MARK_LEAVING: &str = "UPDATE instances SET leaving_at = $2, updated_at = $2 WHERE id = $1";
 
+/// Back from a throttle: dealt a share again. Only a mark left by a
+/// throttle is cleared: a graceful stop never comes back.
+const MARK_BACK: &str = "UPDATE instances SET leaving_at = NULL, updated_at = $2 WHERE id = $1 AND leaving_at IS NOT NULL";
+
 const ALL_INSTANCES: &str = "\
 SELECT id, hostname, pid, started_at, heartbeat_at, partition FROM instances ORDER BY id";
 
@@ -133,6 +137,12 @@ impl Store {
     /// goes on until its jobs have finished.
     pub async fn mark_instance_leaving(&self, id: &str, now: Millis) -> Result<(), StoreError> {
         execute!(self, "mark instance leaving", MARK_LEAVING, id, now).map(drop)
+    }
+
+    /// Clears the leaving mark of a throttle that lifted; `true` when there
+    /// was one.
+    pub async fn mark_instance_back(&self, id: &str, now: Millis) -> Result<bool, StoreError> {
+        execute!(self, "mark instance back", MARK_BACK, id, now).map(|rows| rows > 0)
     }
 
     /// Stamps this instance's heartbeat with the database's now and returns

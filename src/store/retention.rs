@@ -10,14 +10,20 @@
 //! Nothing reads old finished executions to decide what runs: a rule's
 //! next occurrence comes from its `next_run_time`, which only moves
 //! forward past what ran, so deleting history cannot make an occurrence
-//! run again.
+//! run again. The attempts of an occurrence with a retry pending are kept
+//! until it is done, since the retry numbers itself after them.
 
 use super::{Store, StoreError};
 use crate::model::{ExecutionStatus, Millis};
 
-/// Finished, claimed before `$1` and finished before it.
+/// Finished, claimed before `$1` and finished before it, and not an
+/// attempt of an occurrence still waiting for its retry: the retry's
+/// attempt number counts the attempts on record, and a long backoff (or a
+/// rule stopped for a month) must not make it attempt 1 again.
 const PRUNABLE: &str = "status IN ('completed', 'failed', 'cancelled', 'timed_out', 'skipped') \
-     AND requested_at < $1 AND (finished_at IS NULL OR finished_at < $1)";
+     AND requested_at < $1 AND (finished_at IS NULL OR finished_at < $1) \
+     AND NOT EXISTS (SELECT 1 FROM branch_rules b WHERE b.id = executions.branch_rule_id \
+     AND b.retry_of = executions.scheduled_for)";
 
 /// One prune batch on SQLite: at most `$2` prunable rows at cutoff `$1`.
 pub(super) fn sqlite_prune_sql() -> String {
