@@ -9,7 +9,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::rules::{YEARLY, insert_rule, step};
+use common::rules::{Step, YEARLY, insert_rule, step};
 use common::service::{
     RunningService, ready_ids, restarts, start_service, start_service_with_options,
 };
@@ -479,8 +479,22 @@ struct Handoff {
 }
 
 async fn throttled_worker_with_a_job(db: &TestDb) -> Handoff {
+    worker_with_a_job(db, &[step("noop", json!({}))], Handover::Throttled).await
+}
+
+/// How [`worker_with_a_job`] hands its job over.
+#[derive(PartialEq)]
+enum Handover {
+    /// To a worker told memory is short, the Scheduled write committed.
+    Throttled,
+    /// To a worker free to start, the claim taken over in the database
+    /// between the claim and the handoff.
+    ClaimTakenOver,
+}
+
+async fn worker_with_a_job(db: &TestDb, steps: &[Step], handover: Handover) -> Handoff {
     let store = db.store().await;
-    let id = insert_rule(&store, YEARLY, now_ms(), &[step("noop", json!({}))]).await;
+    let id = insert_rule(&store, YEARLY, now_ms(), steps).await;
     let claim = store
         .claim(&ClaimRequest {
             branch_rule_id: id,
@@ -517,6 +531,15 @@ async fn throttled_worker_with_a_job(db: &TestDb) -> Handoff {
             policy: Default::default(),
         },
     });
+    if handover == Handover::ClaimTakenOver {
+        store
+            .execute_sql(&format!(
+                "UPDATE branch_rules SET lock_holder = 'peer', lock_epoch = lock_epoch + 1 \
+                 WHERE id = '{id}'"
+            ))
+            .await
+            .unwrap();
+    }
     let batcher = TransitionBatcher::new(store.clone());
     let scheduled = batcher
         .enqueue(Transition::Scheduled {
@@ -527,14 +550,20 @@ async fn throttled_worker_with_a_job(db: &TestDb) -> Handoff {
     // Commits after the Scheduled write (the batcher keeps the order), so
     // the handoff below starts from a committed Scheduled state.
     let renewed_at = now_ms();
-    assert!(batcher.renew_lock(&job.fence, renewed_at).await.unwrap());
+    if handover == Handover::Throttled {
+        assert!(batcher.renew_lock(&job.fence, renewed_at).await.unwrap());
+    }
 
     let (reports_tx, reports) = mpsc::unbounded_channel();
     let (master, _) = Actor::spawn(None, ReportProbe, reports_tx).await.unwrap();
-    let config = Config {
-        // Renewals every 100 ms show the held job's lock is kept.
-        schedule_lock_timeout: Duration::from_millis(300),
-        ..Config::default()
+    let config = match handover {
+        Handover::Throttled => Config {
+            // Renewals every 100 ms show the held job's lock is kept.
+            schedule_lock_timeout: Duration::from_millis(300),
+            ..Config::default()
+        },
+        // The defaults: a claim up to a second old starts at once.
+        Handover::ClaimTakenOver => Config::default(),
     };
     let args = WorkerArgs {
         number: 1,
@@ -547,9 +576,11 @@ async fn throttled_worker_with_a_job(db: &TestDb) -> Handoff {
         master,
     };
     let (worker, _) = Actor::spawn(None, WorkerActor, args).await.unwrap();
-    worker
-        .cast(WorkerMsg::MemoryThrottle { throttled: true })
-        .unwrap();
+    if handover == Handover::Throttled {
+        worker
+            .cast(WorkerMsg::MemoryThrottle { throttled: true })
+            .unwrap();
+    }
     worker
         .cast(WorkerMsg::Run {
             job: job.clone(),
@@ -739,4 +770,26 @@ async fn a_throttled_instance_hands_its_partitions_to_a_peer_until_it_recovers()
     .await;
     short.service.shutdown("test").await.unwrap();
     roomy.service.shutdown("test").await.unwrap();
+}
+
+/// A fresh claim's job starts before its Scheduled and Running writes
+/// commit. Should they find the claim taken over meanwhile, the actions
+/// already started are cancelled at once, as on a lost lock renewal,
+/// rather than running on beside the new owner's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_started_on_a_claim_taken_over_meanwhile_stops_at_once() {
+    let db = sqlite_db().await;
+    let long = [step("sleep", json!({"ms": 600_000}))];
+    let mut handoff = worker_with_a_job(&db, &long, Handover::ClaimTakenOver).await;
+    let report = tokio::time::timeout(DEADLINE, handoff.reports.recv())
+        .await
+        .expect("the job stops well before its sleep ends")
+        .unwrap();
+    assert_eq!(report.status, ExecutionStatus::Cancelled);
+    let row = execution(&handoff.store, &handoff.job).await;
+    assert_eq!(
+        row.status,
+        ExecutionStatus::Requested,
+        "nothing of the lost claim is written: {row:?}"
+    );
 }

@@ -27,7 +27,9 @@ use crate::metrics as m;
 use crate::model::{ExecutionStatus, Millis};
 use crate::plan::{Ending, FinishDecision, JobStep, RunEnd, decide_finish, job_steps};
 use crate::schedule::CronSchedule;
-use crate::store::{PendingTransition, Store, StoreError, Transition, TransitionBatcher};
+use crate::store::{
+    BatchError, PendingTransition, Store, StoreError, Transition, TransitionBatcher,
+};
 use chrono_tz::Tz;
 use uuid::Uuid;
 
@@ -109,14 +111,25 @@ impl Actor for WorkerActor {
                 } else {
                     Some(state.queue_running(&job).await)
                 };
-                if state.handoff_confirmed(&job, scheduled).await {
-                    match running {
-                        Some((running, at)) => state.start(&myself, job, running, at).await,
-                        None => state.hold(&myself, job),
+                match running {
+                    Some((running, at)) if state.claim_is_fresh(&job, at) => {
+                        let check = StartCheck::InFlight { scheduled, running };
+                        state.start(&myself, job, check, at).await;
                     }
-                } else {
-                    state.report(&job, ExecutionStatus::Cancelled);
-                    myself.stop(Some("claim lost before the handoff".into()));
+                    running => {
+                        if state.handoff_confirmed(&job, scheduled).await {
+                            match running {
+                                Some((running, at)) => {
+                                    let check = StartCheck::Awaited(running);
+                                    state.start(&myself, job, check, at).await
+                                }
+                                None => state.hold(&myself, job),
+                            }
+                        } else {
+                            state.report(&job, ExecutionStatus::Cancelled);
+                            myself.stop(Some("claim lost before the handoff".into()));
+                        }
+                    }
                 }
             }
             WorkerMsg::Cancel {
@@ -143,7 +156,19 @@ impl Actor for WorkerActor {
                 if !throttled && let Some(held) = state.held.take() {
                     held.renewal.abort();
                     let (running, at) = state.queue_running(&held.job).await;
-                    state.start(&myself, held.job, running, at).await;
+                    let check = StartCheck::Awaited(running);
+                    state.start(&myself, held.job, check, at).await;
+                }
+            }
+            WorkerMsg::ClaimLost { execution_id } => {
+                let number = state.args.number;
+                if let Some(current) = state
+                    .current
+                    .as_mut()
+                    .filter(|current| current.job.execution_id() == execution_id)
+                {
+                    warn!(branch_rule_id = %current.job.branch_rule_id(), %execution_id, "Worker-{number} lost the claim as its job started; cancelling it");
+                    current.cancel(CancelReason::LockLost);
                 }
             }
             WorkerMsg::ActionsDone(outcome) => {
@@ -182,25 +207,94 @@ impl CurrentJob {
     }
 }
 
-impl WorkerState {
-    /// Waits for the master's Scheduled write. `false` when it found the
-    /// claim gone (cancelled or taken over): the job is not ours to run. A
-    /// database error does not stop the job: the claim holds, and the later
-    /// writes record the outcome.
-    async fn handoff_confirmed(&self, job: &Job, scheduled: PendingTransition) -> bool {
-        match scheduled.applied().await {
-            Ok(confirmed) => {
-                if !confirmed {
-                    warn!(branch_rule_id = %job.branch_rule_id(), execution_id = %job.execution_id(), "Claim lost before the handoff");
-                }
-                confirmed
-            }
-            Err(e) => {
-                metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "mark_scheduled").increment(1);
-                warn!(branch_rule_id = %job.branch_rule_id(), execution_id = %job.execution_id(), "Scheduled state not recorded: {e}");
-                true
-            }
+/// How a job's start is checked against its Scheduled and Running writes.
+enum StartCheck {
+    /// Scheduled has applied; Running is awaited before the actions start.
+    Awaited(PendingTransition),
+    /// A fresh claim: the actions start at once and both writes are checked
+    /// as they commit, in the same group commit as the last job's finish.
+    /// Only a takeover can move a claim's lock, and none can come within
+    /// the freshness bound: a peer takes over a claim only once this
+    /// instance has been silent for a lease TTL (and it fences itself
+    /// before that), or once the lock is older than the lock timeout. Waiting
+    /// for the commit first cost each job a commit of its own, which with
+    /// few workers set the rate. Should the writes still find the claim
+    /// gone, the actions are cancelled as on a lost renewal.
+    InFlight {
+        scheduled: PendingTransition,
+        running: PendingTransition,
+    },
+}
+
+/// The longest a claim may have waited and still start before its
+/// Scheduled and Running writes commit: a tenth of the shorter of the lease
+/// TTL and the lock timeout, and a second at most.
+fn freshness_bound(config: &Config) -> Millis {
+    let bound = config
+        .partition_lease_ttl
+        .min(config.schedule_lock_timeout)
+        .min(Duration::from_secs(10))
+        / 10;
+    bound.as_millis() as Millis
+}
+
+/// The Scheduled write's outcome: `false` when it found the claim gone
+/// (cancelled or taken over): the job is not ours to run. A database error
+/// does not stop the job: the claim holds, and the later writes record the
+/// outcome.
+fn handoff_held(
+    (branch_rule_id, execution_id): (Uuid, Uuid),
+    outcome: Result<bool, BatchError>,
+) -> bool {
+    match outcome {
+        Ok(true) => true,
+        Ok(false) => {
+            warn!(%branch_rule_id, %execution_id, "Claim lost before the handoff");
+            false
         }
+        Err(e) => {
+            metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "mark_scheduled").increment(1);
+            warn!(%branch_rule_id, %execution_id, "Scheduled state not recorded: {e}");
+            true
+        }
+    }
+}
+
+/// The Running write's outcome, as [`handoff_held`] reads Scheduled's.
+fn start_held(
+    number: u64,
+    (branch_rule_id, execution_id): (Uuid, Uuid),
+    outcome: Result<bool, BatchError>,
+) -> bool {
+    match outcome {
+        Ok(true) => true,
+        // The claim is gone (lock taken over, or cancelled): this
+        // occurrence is someone else's now.
+        Ok(false) => {
+            warn!(%branch_rule_id, %execution_id, "Worker-{number} lost the claim before starting");
+            false
+        }
+        Err(e) => {
+            // Run anyway: the claim is ours, and the terminal write
+            // records the outcome (or goes to the outbox).
+            metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "mark_running").increment(1);
+            warn!(%branch_rule_id, %execution_id, "Running state not recorded: {e}");
+            true
+        }
+    }
+}
+
+impl WorkerState {
+    /// Waits for the master's Scheduled write ([`handoff_held`]).
+    async fn handoff_confirmed(&self, job: &Job, scheduled: PendingTransition) -> bool {
+        let ids = (job.branch_rule_id(), job.execution_id());
+        handoff_held(ids, scheduled.applied().await)
+    }
+
+    /// Whether the job's claim is recent enough to start before its writes
+    /// commit ([`StartCheck::InFlight`]).
+    fn claim_is_fresh(&self, job: &Job, now: Millis) -> bool {
+        now - job.execution.requested_at <= freshness_bound(&self.args.config)
     }
 
     /// Queues the job's Running write, stamped now.
@@ -217,7 +311,7 @@ impl WorkerState {
         &mut self,
         myself: &ActorRef<WorkerMsg>,
         job: Box<Job>,
-        running: PendingTransition,
+        check: StartCheck,
         now: Millis,
     ) {
         let args = &self.args;
@@ -227,23 +321,18 @@ impl WorkerState {
             %branch_rule_id, %execution_id,
             "👷 Worker-{} pulled job {branch_rule_id}", args.number
         );
-        match running.applied().await {
-            Ok(true) => {}
-            Ok(false) => {
-                // The claim is gone (lock taken over, or cancelled): this
-                // occurrence is someone else's now.
-                warn!(%branch_rule_id, %execution_id, "Worker-{} lost the claim before starting", args.number);
-                self.report(&job, ExecutionStatus::Cancelled);
-                myself.stop(Some("claim lost before start".into()));
-                return;
+        let in_flight = match check {
+            StartCheck::Awaited(running) => {
+                let ids = (branch_rule_id, execution_id);
+                if !start_held(args.number, ids, running.applied().await) {
+                    self.report(&job, ExecutionStatus::Cancelled);
+                    myself.stop(Some("claim lost before start".into()));
+                    return;
+                }
+                None
             }
-            Err(e) => {
-                // Run anyway: the claim is ours, and the terminal write
-                // records the outcome (or goes to the outbox).
-                metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "mark_running").increment(1);
-                warn!(%branch_rule_id, %execution_id, "Running state not recorded: {e}");
-            }
-        }
+            StartCheck::InFlight { scheduled, running } => Some((scheduled, running)),
+        };
         let lag_ms = (now - job.execution.scheduled_for).max(0);
         metrics::histogram!(m::DISPATCH_LAG_SECONDS).record(lag_ms as f64 / 1000.0);
         let _ = args.master.cast(MasterMsg::JobStarted { at: now, lag_ms });
@@ -322,6 +411,17 @@ impl WorkerState {
                 });
             let _ = worker.cast(WorkerMsg::ActionsDone(Box::new(outcome)));
         });
+        if let Some((scheduled, running)) = in_flight {
+            let (worker, number, ids) =
+                (myself.clone(), args.number, (branch_rule_id, execution_id));
+            tokio::spawn(async move {
+                let held = handoff_held(ids, scheduled.applied().await)
+                    && start_held(number, ids, running.applied().await);
+                if !held {
+                    let _ = worker.cast(WorkerMsg::ClaimLost { execution_id });
+                }
+            });
+        }
         let renew_every = args.config.schedule_lock_timeout / 3;
         let renewal = myself.send_interval(renew_every, || WorkerMsg::RenewLock);
         self.current = Some(CurrentJob {

@@ -65,7 +65,8 @@ pub struct JobOutcome {
 pub enum WorkerMsg {
     /// The handoff. The master's Scheduled write is queued, not yet
     /// committed: `scheduled` says how it went. The worker queues Running
-    /// behind it and runs the job only if both applied.
+    /// behind it; it starts a fresh claim's job at once and an older
+    /// one's only once both applied.
     Run {
         job: Box<Job>,
         scheduled: PendingTransition,
@@ -82,4 +83,7 @@ pub enum WorkerMsg {
     MemoryThrottle { throttled: bool },
     /// The actions finished (sent by the worker's own job task).
     ActionsDone(Box<JobOutcome>),
+    /// A job started on a fresh claim before its Scheduled and Running
+    /// writes committed, and they found the claim gone: its actions stop.
+    ClaimLost { execution_id: Uuid },
 }

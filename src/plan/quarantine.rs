@@ -44,8 +44,9 @@ fn rejected(
 
 /// Takes out of `data` every row that decoded but cannot be scheduled: a
 /// rule or brand rule whose cron expression does not parse, a branch whose
-/// zone is not an IANA name, a branch rule with only one window bound or a
-/// time outside 1970–9999.
+/// zone is not an IANA name, a branch rule with only one window bound, a
+/// time outside 1970–9999 or a lock epoch with no room left, a template
+/// config or detail params that are not a JSON object.
 /// Returns them, in table order.
 pub fn screen(data: &mut PlanData) -> Vec<RejectedRow> {
     let mut out = Vec::new();
@@ -133,6 +134,22 @@ pub fn screen(data: &mut PlanData) -> Vec<RejectedRow> {
                 return false;
             }
         }
+        // Each claim adds one: at the largest number none can, and the
+        // claim batch fails on it every tick, the rule never running.
+        if row.lock_epoch > MAX_LOCK_EPOCH {
+            out.push(rejected(
+                BRANCH_RULES,
+                row.id,
+                "lock_epoch",
+                RejectReason::Decode,
+                format!(
+                    "lock_epoch {} leaves no room to count further claims; \
+                     set it to 0 while the rule is not running",
+                    row.lock_epoch
+                ),
+            ));
+            return false;
+        }
         let missing = match (row.operation_time_from, row.operation_time_to) {
             (Some(_), None) => "operation_time_to",
             (None, Some(_)) => "operation_time_from",
@@ -147,8 +164,44 @@ pub fn screen(data: &mut PlanData) -> Vec<RejectedRow> {
         ));
         false
     });
+    // A template's config and a detail's params are merged key by key; any
+    // other JSON (written with SQL) would replace the config whole and fail
+    // every run, where held here it is named once.
+    data.action_templates.retain(|template| {
+        if template.config.is_object() {
+            return true;
+        }
+        out.push(rejected(
+            ACTION_TEMPLATES,
+            template.id,
+            "config",
+            RejectReason::Decode,
+            format!("config must be a JSON object, not {}", template.config),
+        ));
+        false
+    });
+    data.action_details.retain(|detail| {
+        if detail.params.is_object() || detail.params.is_null() {
+            return true;
+        }
+        out.push(RejectedRow {
+            branch_rule_id: Some(detail.branch_rule_id),
+            ..rejected(
+                ACTION_DETAILS,
+                detail.id,
+                "params",
+                RejectReason::Decode,
+                format!("params must be a JSON object, not {}", detail.params),
+            )
+        });
+        false
+    });
     out
 }
+
+/// A claim adds one to `lock_epoch`; above this a row is held rather than
+/// left to overflow (no real count of claims comes near it).
+pub const MAX_LOCK_EPOCH: i64 = i64::MAX / 2;
 
 /// What entering a new read into the quarantine changed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -387,6 +440,54 @@ mod tests {
             screen(&mut fixture.data()).is_empty(),
             "the bounds are times"
         );
+    }
+
+    #[test]
+    fn screen_takes_out_an_exhausted_epoch_and_configs_that_are_not_objects() {
+        use crate::model::{ActionDetail, ActionTemplate};
+        use serde_json::{Value, json};
+        let mut fixture = Fixture::due(0);
+        fixture.branch_rule.lock_epoch = i64::MAX;
+        let mut data = fixture.data();
+        let template = |n: u128, config| ActionTemplate {
+            id: Uuid::from_u128(n),
+            name: "t".into(),
+            kind: "noop".into(),
+            config,
+            created_at: 0,
+            updated_at: 0,
+        };
+        let detail = |n: u128, params| ActionDetail {
+            id: Uuid::from_u128(n),
+            branch_rule_id: fixture.branch_rule.id,
+            action_template_id: Uuid::from_u128(0x71),
+            position: 1,
+            params,
+            created_at: 0,
+            updated_at: 0,
+        };
+        data.action_templates = vec![template(0x71, json!({})), template(0x72, json!([]))];
+        data.action_details = vec![
+            detail(0xD1, json!({"a": 1})),
+            detail(0xD2, Value::Null),
+            detail(0xD3, json!("x")),
+        ];
+        let out = screen(&mut data);
+        let summary: Vec<(&str, &str)> = out
+            .iter()
+            .map(|r| (r.table.as_str(), r.field.as_str()))
+            .collect();
+        assert_eq!(
+            summary,
+            vec![
+                (BRANCH_RULES, "lock_epoch"),
+                (ACTION_TEMPLATES, "config"),
+                (ACTION_DETAILS, "params"),
+            ]
+        );
+        assert_eq!(out[2].branch_rule_id, Some(fixture.branch_rule.id));
+        assert_eq!(data.action_templates.len(), 1);
+        assert_eq!(data.action_details.len(), 2);
     }
 
     #[test]
