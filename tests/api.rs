@@ -1062,3 +1062,42 @@ both_backends!(
         running.service.shutdown("test").await.unwrap();
     }
 );
+
+/// SQLite keeps what SQL writes: a number past 32 bits in a 32-bit column,
+/// text that is not UTF-8. Such a row is listed as near as it reads, with
+/// `{column}_error` on its own, not a 500 for the whole listing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_sql_broke_beyond_its_types_is_listed_not_a_500() {
+    let db = common::sqlite_db().await;
+    let running = start_service_with(&db.url, without_delays).await;
+    let service = &running.service;
+    let store = service.store();
+    let rule = common::rules::insert_rule(
+        store,
+        common::rules::YEARLY,
+        chrono::Utc::now().timestamp_millis() + 86_400_000,
+        &[common::rules::step("noop", json!({}))],
+    )
+    .await;
+    store
+        .execute_sql(&format!(
+            "UPDATE branch_rules SET failed_attempts = 3000000000 WHERE id = '{rule}'"
+        ))
+        .await
+        .unwrap();
+    store
+        .execute_sql("UPDATE branches SET name = CAST(X'4142C3' AS TEXT)")
+        .await
+        .unwrap();
+    let api = Api::new(service);
+    let branch_rules = api.get("/api/v1/branch-rules").await;
+    assert_eq!(branch_rules.status, StatusCode::OK, "{}", branch_rules.text);
+    let listed = branch_rules.json.as_array().unwrap();
+    assert_eq!(listed[0]["failed_attempts"], 3_000_000_000_i64);
+    let branches = api.get("/api/v1/branches").await;
+    assert_eq!(branches.status, StatusCode::OK, "{}", branches.text);
+    assert_eq!(branches.json[0]["name"], "AB\u{FFFD}");
+    let one = api.get(&format!("/api/v1/branch-rules/{rule}")).await;
+    assert_eq!(one.status, StatusCode::OK, "{}", one.text);
+    running.service.shutdown("test").await.unwrap();
+}

@@ -999,6 +999,20 @@ both_backends!(
             }
         }
 
+        // The next page of the archived rows is of the archived rows.
+        running
+            .service
+            .store()
+            .execute_sql("UPDATE branch_rules SET is_archived = TRUE")
+            .await
+            .unwrap();
+        let archived = page(&api, "/api/v1/branch-rules?archived=true&limit=2").await;
+        let cursor = archived.cursor.expect("a next page of archived rows");
+        assert_eq!(
+            archived.link.unwrap(),
+            format!("</api/v1/branch-rules?limit=2&archived=true&cursor={cursor}>; rel=\"next\"")
+        );
+
         // Action details page in the order they run.
         let details: Vec<Value> = [40, 10, 30, 0, 20]
             .iter()
@@ -1231,6 +1245,32 @@ both_backends!(
             .await;
         assert_eq!(moved.status, StatusCode::OK, "{}", moved.text);
         assert_eq!(moved.json["brand_rule_id"], Value::Null, "{}", moved.text);
+        running.service.shutdown("test").await.unwrap();
+    }
+);
+
+// `null` clears what a create may leave out: a branch's zone (the default
+// applies again) and a rule's brand (it becomes global); left out keeps it.
+both_backends!(
+    null_clears_a_branch_zone_and_a_rule_brand,
+    tokio::test(flavor = "multi_thread", worker_threads = 2),
+    |db: TestDb| async move {
+        let (running, api) = start(&db, |c| c).await;
+        let f = fixture(&api).await;
+        let branch = format!("/api/v1/branches/{}", f.branch);
+        let kept = api.put(&branch, &json!({ "name": "y" })).await;
+        assert_eq!(kept.json["timezone"], "Asia/Riyadh", "{}", kept.text);
+        let cleared = api.put(&branch, &json!({ "timezone": null })).await;
+        assert_eq!(cleared.status, StatusCode::OK, "{}", cleared.text);
+        assert_eq!(cleared.json["timezone"], Value::Null, "{}", cleared.text);
+
+        let brand = id(&api.post("/api/v1/brands", &json!({ "name": "own" })).await);
+        let rule = format!("/api/v1/rules/{}", f.rule);
+        let owned = api.put(&rule, &json!({ "brand_id": brand })).await;
+        assert_eq!(owned.json["brand_id"], brand.as_str(), "{}", owned.text);
+        let global = api.put(&rule, &json!({ "brand_id": null })).await;
+        assert_eq!(global.status, StatusCode::OK, "{}", global.text);
+        assert_eq!(global.json["brand_id"], Value::Null, "{}", global.text);
         running.service.shutdown("test").await.unwrap();
     }
 );

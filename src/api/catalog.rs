@@ -460,13 +460,17 @@ async fn page_of(
 /// A page as the API answers it: the JSON array of its items (the shape
 /// listings always had) and, unless it is the last page, the next page's
 /// cursor in `X-Next-Cursor` and as a `Link: <…>; rel="next"` (RFC 8288)
-/// to `path` with the same limit.
-fn paged<T>(path: &str, limit: Option<i64>, items: Vec<T>, next: Option<String>) -> Page<T> {
+/// to `path` with the same limit and `archived`.
+fn paged<T>(path: &str, query: &PageQuery, items: Vec<T>, next: Option<String>) -> Page<T> {
     let mut headers = HeaderMap::new();
     if let Some(cursor) = next {
         let mut link = format!("<{}{path}?", super::routes::PREFIX);
-        if let Some(limit) = limit {
+        if let Some(limit) = query.limit {
             link.push_str(&format!("limit={limit}&"));
+        }
+        // The next page of the same listing: the archived rows again.
+        if query.archived {
+            link.push_str("archived=true&");
         }
         link.push_str(&format!("cursor={cursor}>; rel=\"next\""));
         // Hex and ASCII paths only: always a valid header value.
@@ -722,7 +726,7 @@ async fn list_all<T: DeserializeOwned>(
 ) -> ApiResult<Page<T>> {
     let (rows, next) = page_of(state, spec, None, PageOrder::Id, &query).await?;
     let path = format!("/{}", spec.table.replace('_', "-"));
-    Ok(paged(&path, query.limit, views(rows)?, next))
+    Ok(paged(&path, &query, views(rows)?, next))
 }
 
 // ---- brands ----------------------------------------------------------------
@@ -823,7 +827,8 @@ pub struct BranchCreate {
     is_active: Option<bool>,
 }
 
-/// Fields left out (or `null`) keep their stored values.
+/// Fields left out (or `null`) keep their stored values, but for
+/// `timezone`, which `null` clears.
 #[derive(Debug, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BranchUpdate {
@@ -831,8 +836,15 @@ pub struct BranchUpdate {
     brand_id: Option<Uuid>,
     #[serde(skip_serializing_if = "Option::is_none")]
     name: Option<Name>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    timezone: Option<ZoneName>,
+    /// `null` clears it: DEFAULT_TIMEZONE applies again, as on a branch
+    /// created without one.
+    #[serde(
+        default,
+        deserialize_with = "null_clears",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schema(value_type = Option<ZoneName>)]
+    timezone: Option<Option<ZoneName>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     is_active: Option<bool>,
 }
@@ -938,8 +950,14 @@ pub struct RuleCreate {
 #[derive(Debug, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RuleUpdate {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    brand_id: Option<Uuid>,
+    /// `null` clears it: the rule becomes global, for every brand.
+    #[serde(
+        default,
+        deserialize_with = "null_clears",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schema(value_type = Option<Uuid>)]
+    brand_id: Option<Option<Uuid>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     name: Option<Name>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -1005,7 +1023,7 @@ pub async fn update_rule(
     caller: Caller,
     ApiJson(input): ApiJson<RuleUpdate>,
 ) -> ApiResult<Json<Rule>> {
-    if let Some(brand_id) = input.brand_id {
+    if let Some(Some(brand_id)) = input.brand_id {
         live_parent(&s, &BRANDS, "brand", "brand_id", brand_id).await?;
     }
     let map = with_policy(to_map(&input), input.policy.as_ref().map(Option::as_ref));
@@ -1739,7 +1757,7 @@ pub async fn list_branch_rules(
 ) -> ApiResult<Page<BranchRule>> {
     let (rows, next) = page_of(&s, &BRANCH_RULES, None, PageOrder::Id, &query).await?;
     let out = present_branch_rules(&s, rows).await?;
-    Ok(paged("/branch-rules", query.limit, out, next))
+    Ok(paged("/branch-rules", &query, out, next))
 }
 
 #[utoipa::path(get, path = "/branch-rules/{id}", tag = "branch rules",
@@ -2005,7 +2023,7 @@ pub async fn list_details(
     );
     let mut details: Vec<ActionDetail> = views(rows)?;
     masked_by_templates(&s, &mut details).await?;
-    Ok(paged(&path, query.limit, details, next))
+    Ok(paged(&path, &query, details, next))
 }
 
 #[utoipa::path(get, path = "/branch-rules/{id}/action-details/{detail_id}", tag = "branch rules",

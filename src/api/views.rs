@@ -193,7 +193,7 @@ pub struct ActionDetail {
     #[schema(format = Uuid)]
     pub action_template_id: String,
     /// Where it runs among its branch rule's details, lowest first.
-    pub position: i32,
+    pub position: i64,
     /// Merged over the template's config at run time; secrets as `***`.
     #[schema(value_type = Object)]
     pub params: Value,
@@ -245,7 +245,7 @@ pub struct BranchRule {
     pub retry_of: Option<Timestamp>,
     /// Failed attempts of the occurrence in `retry_of`, counted against
     /// `max_attempts`.
-    pub failed_attempts: i32,
+    pub failed_attempts: i64,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
     pub created_by: Option<String>,

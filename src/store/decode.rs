@@ -17,6 +17,9 @@ pub(crate) trait AnyRow {
     fn int64(&self, column: &str) -> Result<Option<i64>, sqlx::Error>;
     fn int32(&self, column: &str) -> Result<Option<i32>, sqlx::Error>;
     fn boolean(&self, column: &str) -> Result<Option<bool>, sqlx::Error>;
+    /// The column's bytes, for text that is not UTF-8 (SQLite stores what
+    /// SQL gives it).
+    fn bytes(&self, column: &str) -> Result<Option<Vec<u8>>, sqlx::Error>;
 }
 
 macro_rules! impl_any_row {
@@ -33,6 +36,9 @@ macro_rules! impl_any_row {
             }
             fn boolean(&self, column: &str) -> Result<Option<bool>, sqlx::Error> {
                 self.try_get(column)
+            }
+            fn bytes(&self, column: &str) -> Result<Option<Vec<u8>>, sqlx::Error> {
+                self.try_get_unchecked(column)
             }
         }
     };

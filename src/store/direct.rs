@@ -300,4 +300,13 @@ impl AnyRow for OwnedRow {
     fn boolean(&self, column: &str) -> Result<Option<bool>, sqlx::Error> {
         Ok(self.integer(column)?.map(|int| int != 0))
     }
+
+    fn bytes(&self, column: &str) -> Result<Option<Vec<u8>>, sqlx::Error> {
+        match self.value(column)? {
+            Value::Null => Ok(None),
+            Value::Text(text) => Ok(Some(text.clone().into_bytes())),
+            Value::Blob(bytes) => Ok(Some(bytes.clone())),
+            other => Err(Self::mismatch(column, "TEXT", other)),
+        }
+    }
 }

@@ -216,11 +216,43 @@ fn decode_row(spec: &TableSpec, row: &impl AnyRow) -> Result<Map<String, Value>,
             column,
             message: e.to_string(),
         };
+        // A value written with SQL that the column's type cannot hold is
+        // shown as near as it can be, with `{column}_error` saying what is
+        // wrong, so one such row does not turn a whole listing into a 500
+        // and can be fixed with a PUT (the plan holds it meanwhile).
+        let mut unreadable = |problem: String| {
+            out.insert(
+                format!("{column}_error"),
+                Value::String(format!(
+                    "{column}: {problem}; a PUT with a new {column} replaces it"
+                )),
+            );
+        };
         let value = match kind {
-            Text => row.text(column).map_err(error)?.map(Value::String),
+            Text => match row.text(column) {
+                Ok(text) => text.map(Value::String),
+                // SQLite keeps text that is not UTF-8 if SQL wrote it so.
+                Err(e) => match row.bytes(column) {
+                    Ok(bytes) => {
+                        unreadable(format!("the stored text is not UTF-8 ({e})"));
+                        bytes.map(|b| Value::String(String::from_utf8_lossy(&b).into_owned()))
+                    }
+                    Err(_) => return Err(error(e)),
+                },
+            },
             Bool => row.boolean(column).map_err(error)?.map(Value::Bool),
             Int64 => row.int64(column).map_err(error)?.map(Value::from),
-            Int32 => row.int32(column).map_err(error)?.map(Value::from),
+            // SQLite's INTEGER holds 64 bits where ruled takes 32.
+            Int32 => match row.int32(column) {
+                Ok(n) => n.map(Value::from),
+                Err(e) => match row.int64(column) {
+                    Ok(n) => {
+                        unreadable(format!("the stored number is out of range ({e})"));
+                        n.map(Value::from)
+                    }
+                    Err(_) => return Err(error(e)),
+                },
+            },
             // Written with SQL, the text may not be JSON at all: the row
             // still reads, the text as a JSON string, so the API (which
             // validates such a column itself) can say what is wrong with
