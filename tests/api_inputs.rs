@@ -1245,6 +1245,32 @@ both_backends!(
             .await;
         assert_eq!(moved.status, StatusCode::OK, "{}", moved.text);
         assert_eq!(moved.json["brand_rule_id"], Value::Null, "{}", moved.text);
+
+        // Its branch moving to another brand would take the brand rule
+        // along: refused, naming the branch rule, until it is cleared.
+        let rebound = api
+            .put(
+                &format!("/api/v1/branch-rules/{created}"),
+                &json!({"brand_rule_id": fits.0}),
+            )
+            .await;
+        assert_eq!(rebound.status, StatusCode::OK, "{}", rebound.text);
+        let branch = format!("/api/v1/branches/{}", f.branch);
+        let refused = api.put(&branch, &json!({"brand_id": other_brand})).await;
+        assert_eq!(refused.status, StatusCode::CONFLICT, "{}", refused.text);
+        assert!(refused.text.contains("brand_id"), "{}", refused.text);
+        assert!(refused.text.contains(created.as_str()), "{}", refused.text);
+        let same = api.put(&branch, &json!({"brand_id": brand})).await;
+        assert_eq!(same.status, StatusCode::OK, "{}", same.text);
+        let cleared = api
+            .put(
+                &format!("/api/v1/branch-rules/{created}"),
+                &json!({"brand_rule_id": null}),
+            )
+            .await;
+        assert_eq!(cleared.status, StatusCode::OK, "{}", cleared.text);
+        let moved = api.put(&branch, &json!({"brand_id": other_brand})).await;
+        assert_eq!(moved.status, StatusCode::OK, "{}", moved.text);
         running.service.shutdown("test").await.unwrap();
     }
 );

@@ -320,6 +320,45 @@ fn check_brand_rule_fits(
     Ok(())
 }
 
+/// A branch moving to another brand would take along branch rules bound
+/// to its old brand's brand rules, which no create or update of a branch
+/// rule allows ([`check_brand_rule_fits`]): refused, naming them, until
+/// their `brand_rule_id` is cleared.
+async fn check_brand_rules_follow(
+    state: &ApiState,
+    branch_id: &str,
+    brand_id: Uuid,
+) -> ApiResult<()> {
+    let branch = Value::String(parse_id("branch", branch_id)?.to_string());
+    let bound = state
+        .store()
+        .rows(&BRANCH_RULES, Some(("branch_id", &branch)))
+        .await?;
+    let new_brand = brand_id.to_string();
+    for branch_rule in &bound {
+        let Some(brand_rule_id) = branch_rule["brand_rule_id"]
+            .as_str()
+            .and_then(|id| Uuid::parse_str(id).ok())
+        else {
+            continue;
+        };
+        let Some(brand_rule) = state.store().row(&BRAND_RULES, brand_rule_id).await? else {
+            continue;
+        };
+        let owner = brand_rule["brand_id"].as_str().unwrap_or_default();
+        if !owner.eq_ignore_ascii_case(&new_brand) {
+            return Err(ApiError::Conflict(format!(
+                "brand_id: branch rule {} runs on brand rule {brand_rule_id} of brand {owner}; \
+                 clear its brand_rule_id (PUT /branch-rules/{} with \"brand_rule_id\": null) \
+                 before moving the branch to brand {new_brand}",
+                branch_rule["id"].as_str().unwrap_or_default(),
+                branch_rule["id"].as_str().unwrap_or_default(),
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Refuses a `position` another detail of the branch rule already holds
 /// (`except`: the detail being updated), since two details at one
 /// position would run in an order nobody chose. A conflict with stored
@@ -897,6 +936,7 @@ pub async fn update_branch(
 ) -> ApiResult<Json<Branch>> {
     if let Some(brand_id) = input.brand_id {
         live_parent(&s, &BRANDS, "brand", "brand_id", brand_id).await?;
+        check_brand_rules_follow(&s, &id, brand_id).await?;
     }
     let row = update_one(&s, &BRANCHES, "branch", &id, to_map(&input), &caller).await?;
     if input.timezone.is_some() {
