@@ -238,57 +238,56 @@ fn freshness_bound(config: &Config) -> Millis {
     bound.as_millis() as Millis
 }
 
-/// The Scheduled write's outcome: `false` when it found the claim gone
-/// (cancelled or taken over): the job is not ours to run. A database error
-/// does not stop the job: the claim holds, and the later writes record the
-/// outcome.
-fn handoff_held(
-    (branch_rule_id, execution_id): (Uuid, Uuid),
-    outcome: Result<bool, BatchError>,
-) -> bool {
-    match outcome {
-        Ok(true) => true,
-        Ok(false) => {
-            warn!(%branch_rule_id, %execution_id, "Claim lost before the handoff");
-            false
-        }
-        Err(e) => {
-            metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "mark_scheduled").increment(1);
-            warn!(%branch_rule_id, %execution_id, "Scheduled state not recorded: {e}");
-            true
-        }
-    }
+/// The two writes a job's start is checked against.
+#[derive(Clone, Copy)]
+enum StartWrite {
+    /// The master's, at the handoff.
+    Scheduled,
+    /// The worker's, as it starts.
+    Running,
 }
 
-/// The Running write's outcome, as [`handoff_held`] reads Scheduled's.
-fn start_held(
+/// A start write's outcome: `false` when it found the claim gone (lock
+/// taken over, or cancelled): the occurrence is someone else's now. A
+/// database error does not stop the job: the claim holds, and the terminal
+/// write records the outcome (or goes to the outbox).
+fn claim_held(
+    write: StartWrite,
     number: u64,
     (branch_rule_id, execution_id): (Uuid, Uuid),
     outcome: Result<bool, BatchError>,
 ) -> bool {
+    let (op, state) = match write {
+        StartWrite::Scheduled => ("mark_scheduled", "Scheduled"),
+        StartWrite::Running => ("mark_running", "Running"),
+    };
     match outcome {
         Ok(true) => true,
-        // The claim is gone (lock taken over, or cancelled): this
-        // occurrence is someone else's now.
         Ok(false) => {
-            warn!(%branch_rule_id, %execution_id, "Worker-{number} lost the claim before starting");
+            match write {
+                StartWrite::Scheduled => {
+                    warn!(%branch_rule_id, %execution_id, "Claim lost before the handoff")
+                }
+                StartWrite::Running => {
+                    warn!(%branch_rule_id, %execution_id, "Worker-{number} lost the claim before starting")
+                }
+            }
             false
         }
         Err(e) => {
-            // Run anyway: the claim is ours, and the terminal write
-            // records the outcome (or goes to the outbox).
-            metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "mark_running").increment(1);
-            warn!(%branch_rule_id, %execution_id, "Running state not recorded: {e}");
+            metrics::counter!(m::DB_ERRORS_TOTAL, "op" => op).increment(1);
+            warn!(%branch_rule_id, %execution_id, "{state} state not recorded: {e}");
             true
         }
     }
 }
 
 impl WorkerState {
-    /// Waits for the master's Scheduled write ([`handoff_held`]).
+    /// Waits for the master's Scheduled write ([`claim_held`]).
     async fn handoff_confirmed(&self, job: &Job, scheduled: PendingTransition) -> bool {
         let ids = (job.branch_rule_id(), job.execution_id());
-        handoff_held(ids, scheduled.applied().await)
+        let outcome = scheduled.applied().await;
+        claim_held(StartWrite::Scheduled, self.args.number, ids, outcome)
     }
 
     /// Whether the job's claim is recent enough to start before its writes
@@ -324,7 +323,8 @@ impl WorkerState {
         let in_flight = match check {
             StartCheck::Awaited(running) => {
                 let ids = (branch_rule_id, execution_id);
-                if !start_held(args.number, ids, running.applied().await) {
+                let outcome = running.applied().await;
+                if !claim_held(StartWrite::Running, args.number, ids, outcome) {
                     self.report(&job, ExecutionStatus::Cancelled);
                     myself.stop(Some("claim lost before start".into()));
                     return;
@@ -415,8 +415,13 @@ impl WorkerState {
             let (worker, number, ids) =
                 (myself.clone(), args.number, (branch_rule_id, execution_id));
             tokio::spawn(async move {
-                let held = handoff_held(ids, scheduled.applied().await)
-                    && start_held(number, ids, running.applied().await);
+                let held =
+                    claim_held(
+                        StartWrite::Scheduled,
+                        number,
+                        ids,
+                        scheduled.applied().await,
+                    ) && claim_held(StartWrite::Running, number, ids, running.applied().await);
                 if !held {
                     let _ = worker.cast(WorkerMsg::ClaimLost { execution_id });
                 }

@@ -266,7 +266,6 @@ mod tests {
     use super::*;
     use crate::actors::ask;
     use crate::persist::read_plan_file;
-    use crate::plan::OutboxEntry;
 
     fn snapshot(saved_at: Millis) -> Arc<PlanSnapshot> {
         Arc::new(PlanSnapshot {
@@ -336,18 +335,21 @@ mod tests {
         }
     }
 
-    async fn written(writer: &ActorRef<WriterMsg>) -> (u64, u64) {
-        let stats = ask(writer, WriterMsg::Drain).await.unwrap();
-        (stats.writes_ok, stats.appends_ok)
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn changes_are_appended_to_the_journal_and_a_snapshot_starts_it_again() {
+    /// A writer on a fresh directory that has written its first snapshot:
+    /// journal_seq 10, workflows 1 and 2 due at 100 and 200.
+    async fn writer_after_a_snapshot(
+        min_interval: Duration,
+    ) -> (
+        tempfile::TempDir,
+        PathBuf,
+        ActorRef<WriterMsg>,
+        tokio::task::JoinHandle<()>,
+    ) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("plan.json");
         let args = WriterArgs {
             path: path.clone(),
-            min_interval: Duration::from_millis(100),
+            min_interval,
             clock: Clock::starting_at(0),
         };
         let (writer, handle) = Actor::spawn(None, WriterActor, args).await.unwrap();
@@ -358,6 +360,18 @@ mod tests {
         };
         writer.cast(WriterMsg::Enqueue(Arc::new(base))).unwrap();
         assert_eq!(written(&writer).await, (1, 0));
+        (dir, path, writer, handle)
+    }
+
+    async fn written(writer: &ActorRef<WriterMsg>) -> (u64, u64) {
+        let stats = ask(writer, WriterMsg::Drain).await.unwrap();
+        (stats.writes_ok, stats.appends_ok)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn changes_are_appended_to_the_journal_and_a_snapshot_starts_it_again() {
+        let (_dir, path, writer, handle) =
+            writer_after_a_snapshot(Duration::from_millis(100)).await;
         let snapshot_bytes = std::fs::metadata(&path).unwrap().len();
 
         // Two writes' changes, folded while they wait, cost one short line.
@@ -410,36 +424,10 @@ mod tests {
     /// replayed over it with their older states.
     #[tokio::test(start_paused = true)]
     async fn changes_older_than_a_queued_snapshot_are_not_replayed_over_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("plan.json");
-        let args = WriterArgs {
-            path: path.clone(),
-            min_interval: Duration::from_secs(3_600),
-            clock: Clock::starting_at(0),
-        };
-        let (writer, handle) = Actor::spawn(None, WriterActor, args).await.unwrap();
-        let base = PlanSnapshot {
-            journal_seq: 10,
-            workflows: vec![workflow(1, 100), workflow(2, 200)],
-            ..PlanSnapshot::default()
-        };
-        writer.cast(WriterMsg::Enqueue(Arc::new(base))).unwrap();
-        assert_eq!(written(&writer).await, (1, 0));
+        let (_dir, path, writer, handle) =
+            writer_after_a_snapshot(Duration::from_secs(3_600)).await;
 
-        let kept = OutboxEntry {
-            fence: crate::lifecycle::Fence {
-                execution_id: uuid::Uuid::from_u128(0xE),
-                branch_rule_id: uuid::Uuid::from_u128(1),
-                holder: "here".into(),
-                epoch: 1,
-            },
-            finish: crate::lifecycle::Finish::leaving_due(
-                crate::model::ExecutionStatus::Failed,
-                5,
-                "database down".into(),
-            ),
-            added_at: 5,
-        };
+        let kept = crate::plan::fixtures::outbox_entry(uuid::Uuid::from_u128(0xE));
         // The next write waits out the hour: all three wait together.
         let emptied = PlanDelta {
             outbox: Some(Vec::new()),

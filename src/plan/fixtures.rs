@@ -109,3 +109,21 @@ pub fn branch_rule(id: Uuid, branch_id: Uuid, rule_id: Uuid, next_run_time: Mill
         updated_at: 0,
     }
 }
+
+/// An outbox entry: a failure kept while the database was away.
+pub fn outbox_entry(execution_id: Uuid) -> crate::plan::OutboxEntry {
+    crate::plan::OutboxEntry {
+        fence: crate::lifecycle::Fence {
+            execution_id,
+            branch_rule_id: Uuid::from_u128(1),
+            holder: "here".into(),
+            epoch: 1,
+        },
+        finish: crate::lifecycle::Finish::leaving_due(
+            crate::model::ExecutionStatus::Failed,
+            5,
+            "database down".into(),
+        ),
+        added_at: 5,
+    }
+}

@@ -156,23 +156,6 @@ mod tests {
         Workflow::new(branch_rule(Uuid::from_u128(n), branch, rule, next_run))
     }
 
-    fn outbox_entry(execution_id: Uuid) -> OutboxEntry {
-        OutboxEntry {
-            fence: crate::lifecycle::Fence {
-                execution_id,
-                branch_rule_id: Uuid::from_u128(1),
-                holder: "here".into(),
-                epoch: 1,
-            },
-            finish: crate::lifecycle::Finish::leaving_due(
-                crate::model::ExecutionStatus::Failed,
-                5,
-                "database down".into(),
-            ),
-            added_at: 5,
-        }
-    }
-
     fn delta(seq: u64, changes: &[(u128, Option<Millis>)]) -> PlanDelta {
         PlanDelta {
             seq,
