@@ -103,13 +103,10 @@ pub async fn recover_at_start(
         for entry in &snapshot.outbox {
             let delivered = match store.finish_released(&entry.fence, &entry.finish).await {
                 Ok(delivered) => delivered,
-                // The database is away: starting now would run again what
-                // the outbox says already ran.
-                Err(e) if e.is_transient() => return Err(e.into()),
-                // Refused for good, it would be refused at every start: a
-                // service that never starts again runs nothing at all. The
-                // run is recorded lost below and runs again.
-                Err(e) => {
+                // Refused for good (its values), it would be refused at every
+                // start: a service that never starts again runs nothing at
+                // all. The run is recorded lost below and runs again.
+                Err(e) if e.is_refused_data() => {
                     metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "outbox").increment(1);
                     error!(
                         execution_id = %entry.fence.execution_id,
@@ -117,6 +114,10 @@ pub async fn recover_at_start(
                     );
                     continue;
                 }
+                // Anything else (the database away, a timeout) may pass at
+                // the next start; starting now would run again what the
+                // outbox says already ran.
+                Err(e) => return Err(e.into()),
             };
             match delivered {
                 Some(Released::Row(_)) => {

@@ -182,6 +182,13 @@ fn schemathesis_finds_nothing(with_token: bool) {
         // the document may list.
         .args(["--url", &base])
         .args(["--checks", "all"])
+        // Deleting a brand deletes its branches and rules with it (ON DELETE
+        // CASCADE, history permitting). A stateful scenario that creates a
+        // branch, deletes its brand, then reads the branch gets the 404 that
+        // is right, and this check, which does not follow cascades, calls it
+        // a created resource gone missing (seen twice in CI, 2026-11-27 and
+        // -28). `use_after_free`, the converse, stays on.
+        .args(["--exclude-checks", "ensure_resource_availability"])
         // A stream of server-sent events never ends, so no response to it
         // is ever whole; tests/console.rs drives it.
         .args(["--exclude-path", "/api/v1/events"])

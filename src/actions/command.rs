@@ -178,7 +178,10 @@ async fn run_program(spec: &Spec) -> Result<ActionOutput, ActionError> {
 ///
 /// Linux ties the signal to the thread that forked, not the process: tokio
 /// forks on the runtime thread polling the action, and its worker threads
-/// live as long as the runtime.
+/// live as long as the runtime. (A handler of a library user's that calls
+/// `block_in_place` hands its thread to the blocking pool, which may end it
+/// while a program forked there still runs, killing that program; and the
+/// kernel clears the setting for a setuid or file-capability program.)
 fn die_with_the_service(command: &mut Command) {
     let service = std::process::id();
     // SAFETY: between fork and exec the closure only makes async-signal-safe

@@ -571,26 +571,27 @@ impl LeaseState {
         if self.leaving || self.released || self.args.store.backend() != Backend::Postgres {
             return;
         }
+        // A database that cannot say whether a peer is live changes nothing.
         if self.throttled && !self.stepped_aside {
-            if self.live_peers().await > 0 {
+            if self.live_peers().await.is_some_and(|n| n > 0) {
                 self.step_aside().await;
             }
-        } else if self.stepped_aside && (!self.throttled || self.live_peers().await == 0) {
+        } else if self.stepped_aside && (!self.throttled || self.live_peers().await == Some(0)) {
             self.stepped_aside = false;
             self.rejoin_pending = true;
             self.rejoined().await;
         }
     }
 
-    /// Live instances other than this one that are not leaving; 0 when the
-    /// database cannot say.
-    async fn live_peers(&self) -> usize {
+    /// Live instances other than this one that are not leaving; `None` when
+    /// the database cannot say.
+    async fn live_peers(&self) -> Option<usize> {
         match self.args.store.live_instances(self.ttl_ms()).await {
-            Ok(live) => live.iter().filter(|row| row.id != self.me()).count(),
+            Ok(live) => Some(live.iter().filter(|row| row.id != self.me()).count()),
             Err(e) => {
                 metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "leases").increment(1);
                 debug!("Live instances not read: {e}");
-                0
+                None
             }
         }
     }

@@ -135,6 +135,10 @@ impl Actor for MasterActor {
         state.schedule_tick(&myself, grace);
         state.publish_gauges();
         metrics::gauge!(m::CAPACITY_JOBS_PER_SECOND).set(state.capacity.jobs_per_second());
+        // The lease actor hears of the throttle from the master only: a
+        // master that starts (or restarts) throttled, or finds the throttle
+        // lifted while it was away, says where it stands.
+        state.tell_the_lease();
         Ok(state)
     }
 
@@ -722,6 +726,14 @@ impl MasterState {
         self.publish_gauges();
     }
 
+    fn tell_the_lease(&self) {
+        if let Some(lease) = self.args.directory.lease() {
+            let _ = lease.cast(LeaseMsg::MemoryThrottle {
+                throttled: self.throttled,
+            });
+        }
+    }
+
     /// Seed 004's throttle: no fetch and no handoff while set; running jobs
     /// go on. Workers hear it too. On release the deferred rules are all
     /// due, so the master looks at once.
@@ -733,9 +745,7 @@ impl MasterState {
         for worker in self.pool.handles() {
             let _ = worker.cast(WorkerMsg::MemoryThrottle { throttled });
         }
-        if let Some(lease) = self.args.directory.lease() {
-            let _ = lease.cast(LeaseMsg::MemoryThrottle { throttled });
-        }
+        self.tell_the_lease();
         if throttled {
             // A throttle may last long: queued claims go back, so another
             // instance with memory to spare may run those occurrences.

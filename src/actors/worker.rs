@@ -18,8 +18,8 @@ use crate::actors::{Recorded, finish_recorded, record_finish};
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::directory::Directory;
-use crate::lifecycle::Finish;
 use crate::lifecycle::SkippedOccurrence;
+use crate::lifecycle::{Fence, Finish};
 use crate::messages::master::JobReport;
 use crate::messages::worker::{CancelReason, Job, JobOutcome};
 use crate::messages::{MasterMsg, PlanMsg, WorkerMsg};
@@ -282,6 +282,26 @@ fn claim_held(
     }
 }
 
+/// The Running write's outcome ([`claim_held`]). Running applies only over
+/// a recorded Scheduled, so when the Scheduled write itself failed (a
+/// database error, which does not stop the job) a Running that found
+/// nothing is no sign the claim is gone: the lock says which.
+async fn running_held(
+    batcher: &TransitionBatcher,
+    fence: &Fence,
+    number: u64,
+    outcome: Result<bool, BatchError>,
+    now: Millis,
+) -> bool {
+    let ids = (fence.branch_rule_id, fence.execution_id);
+    if matches!(outcome, Ok(false)) && matches!(batcher.renew_lock(fence, now).await, Ok(true)) {
+        metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "mark_running").increment(1);
+        warn!(branch_rule_id = %ids.0, execution_id = %ids.1, "Running state not recorded: the Scheduled write before it was not; the claim holds");
+        return true;
+    }
+    claim_held(StartWrite::Running, number, ids, outcome)
+}
+
 impl WorkerState {
     /// Waits for the master's Scheduled write ([`claim_held`]).
     async fn handoff_confirmed(&self, job: &Job, scheduled: PendingTransition) -> bool {
@@ -322,9 +342,8 @@ impl WorkerState {
         );
         let in_flight = match check {
             StartCheck::Awaited(running) => {
-                let ids = (branch_rule_id, execution_id);
                 let outcome = running.applied().await;
-                if !claim_held(StartWrite::Running, args.number, ids, outcome) {
+                if !running_held(&args.batcher, &job.fence, args.number, outcome, now).await {
                     self.report(&job, ExecutionStatus::Cancelled);
                     myself.stop(Some("claim lost before start".into()));
                     return;
@@ -414,6 +433,7 @@ impl WorkerState {
         if let Some((scheduled, running)) = in_flight {
             let (worker, number, ids) =
                 (myself.clone(), args.number, (branch_rule_id, execution_id));
+            let (batcher, fence) = (args.batcher.clone(), job.fence.clone());
             tokio::spawn(async move {
                 let held =
                     claim_held(
@@ -421,7 +441,7 @@ impl WorkerState {
                         number,
                         ids,
                         scheduled.applied().await,
-                    ) && claim_held(StartWrite::Running, number, ids, running.applied().await);
+                    ) && running_held(&batcher, &fence, number, running.applied().await, now).await;
                 if !held {
                     let _ = worker.cast(WorkerMsg::ClaimLost { execution_id });
                 }

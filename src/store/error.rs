@@ -179,6 +179,36 @@ impl StoreError {
     }
 }
 
+impl StoreError {
+    /// The database refused the values written: a constraint, a value out
+    /// of range, text it cannot take. The same write is refused every time,
+    /// where a timeout or an I/O error may pass at the next try.
+    pub fn is_refused_data(&self) -> bool {
+        if let StoreError::Sqlite { code, .. } = self {
+            return code.is_some_and(sqlite_refused_data);
+        }
+        let Some(sqlx::Error::Database(db)) = self.sqlx_error() else {
+            return false;
+        };
+        let Some(code) = db.code() else {
+            return false;
+        };
+        if db.try_downcast_ref::<SqliteError>().is_some() {
+            code.parse::<i32>().is_ok_and(sqlite_refused_data)
+        } else {
+            // SQLSTATE classes 22 (data exception) and 23 (integrity
+            // constraint violation).
+            code.starts_with("22") || code.starts_with("23")
+        }
+    }
+}
+
+/// SQLITE_TOOBIG (18), SQLITE_CONSTRAINT (19) and SQLITE_MISMATCH (20), in
+/// all their extended variants.
+fn sqlite_refused_data(code: i32) -> bool {
+    matches!(code & 0xff, 18..=20)
+}
+
 /// Extended result codes: the low byte is the primary code, SQLITE_BUSY (5)
 /// or SQLITE_LOCKED (6) in all their variants.
 fn sqlite_busy_or_locked(code: i32) -> bool {
