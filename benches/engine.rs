@@ -9,7 +9,8 @@
 //! - spread: 1,000 rules due one every 10 ms: start lag p50/p99.
 //!
 //! `RULED_BENCH_BACKENDS=sqlite` skips PostgreSQL; `RULED_BENCH_WORKERS=10,200`
-//! sets the burst's worker counts.
+//! sets the burst's worker counts; `RULED_BENCH_LOG=info` (any tracing
+//! filter) prints the service's log on stderr.
 //!
 //! `RULED_BENCH_SCENARIO=growth` measures instead how the drain rate holds
 //! as work grows (issue 15): bursts of 1,000, 10,000 and 100,000, and the
@@ -316,6 +317,14 @@ async fn backends() -> Vec<(&'static str, String)> {
 }
 
 fn main() {
+    // RULED_BENCH_LOG=<filter> shows the service's own log lines, with their
+    // times, on stderr: where a run's start-up or drain spends its time.
+    if let Ok(filter) = std::env::var("RULED_BENCH_LOG") {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -915,6 +915,47 @@ async fn sqlite_file_store_creates_directories_and_sets_pragmas() {
     store.close().await;
 }
 
+/// SQL can store text that is not UTF-8 in SQLite. The plan's read sets
+/// such a row aside with its column named, as it does any row that does
+/// not decode, and reads the rest: it must neither fail the whole read nor
+/// bring the process down.
+#[tokio::test]
+async fn sqlite_text_that_is_not_utf8_sets_its_row_aside() {
+    let db = common::sqlite_db().await;
+    let store = db.store().await;
+    insert_all(&store, &fixture()).await;
+    let broken = id(51);
+    store
+        .execute_sql(&format!(
+            "UPDATE branch_rules SET params = CAST(x'7bff7d' AS TEXT) WHERE id = '{broken}'"
+        ))
+        .await
+        .unwrap();
+    let load = store.load_plan(CAP, None).await.unwrap();
+    let rejected: Vec<_> = load
+        .rejected
+        .iter()
+        .map(|row| (row.table.as_str(), row.id.as_str(), row.field.as_str()))
+        .collect();
+    assert_eq!(
+        rejected,
+        [("branch_rules", broken.to_string().as_str(), "params")]
+    );
+    assert!(load.data.branch_rules.iter().all(|r| r.id != broken));
+    assert_eq!(
+        load.data.branch_rules.len(),
+        fixture().branch_rules.len() - 1,
+        "every other branch rule is read"
+    );
+    expect_decode_error(
+        store.load_plan_data(CAP).await,
+        "branch_rules",
+        &broken.to_string(),
+        "params",
+    );
+    store.close().await;
+}
+
 #[tokio::test]
 async fn sqlite_memory_stores_are_private_and_usable() {
     let a = Store::connect("sqlite::memory:").await.unwrap();

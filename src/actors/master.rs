@@ -28,8 +28,8 @@ use crate::metrics as m;
 use crate::model::{ExecutionStatus, Millis};
 use crate::plan::{Ending, JobSpec, decide_due, job_steps, overlap_due};
 use crate::queue::{
-    BacklogChange, BacklogTrend, Capacity, DedupReason, JobQueue, StartLagHistory, WorkerPool,
-    claim_room,
+    BacklogChange, BacklogTrend, Capacity, ClaimDepth, DedupReason, JobQueue, StartLagHistory,
+    WorkerPool,
 };
 use crate::recovery;
 use crate::schedule::Overlap;
@@ -63,6 +63,8 @@ pub struct MasterState {
     capacity: Capacity,
     /// Whether the ready backlog outgrows that rate.
     backlog: BacklogTrend,
+    /// How far ahead of the workers claims go.
+    depth: ClaimDepth,
     /// The workers: alive, idle, and busy with their jobs.
     pool: WorkerPool<ActorId, ActorRef<WorkerMsg>, Box<Job>>,
     /// Rules whose claims are in flight: not fetched again meanwhile.
@@ -120,6 +122,7 @@ impl Actor for MasterActor {
             queue: JobQueue::new(config.recently_processed.as_millis() as Millis),
             start_lag: StartLagHistory::new(),
             capacity: Capacity::new(config.worker_count, rest_after_each_job(config)),
+            depth: ClaimDepth::new(config.worker_count),
             backlog: BacklogTrend::new(config.backlog_window.as_millis() as Millis),
             args,
             pool,
@@ -373,11 +376,10 @@ impl MasterState {
         self.publish_gauges();
     }
 
-    /// How many more jobs a fetch may claim now (see [`claim_room`]).
+    /// How many more jobs a fetch may claim now (see [`ClaimDepth`]).
     fn claim_budget(&self) -> usize {
-        claim_room(
+        self.depth.room(
             self.pool.idle_len(),
-            self.args.config.worker_count,
             self.queue.queued_len() + self.claiming.len(),
         )
     }
@@ -433,7 +435,8 @@ impl MasterState {
             }
         }
         if !admitted.is_empty() {
-            self.claim(myself, admitted, now);
+            let filled = admitted.len() >= budget;
+            self.claim(myself, admitted, now, filled);
         }
         ready.next_wake
     }
@@ -512,9 +515,17 @@ impl MasterState {
     /// Claims in the background: the claims share the store's group commit
     /// with the other lifecycle writes, and the master keeps dispatching
     /// meanwhile. The results come back as [`MasterMsg::ClaimsDone`].
-    fn claim(&mut self, myself: &ActorRef<MasterMsg>, specs: Vec<JobSpec>, now: Millis) {
+    /// `filled`: the claim takes all the room there is (see [`ClaimDepth`]).
+    fn claim(
+        &mut self,
+        myself: &ActorRef<MasterMsg>,
+        specs: Vec<JobSpec>,
+        now: Millis,
+        filled: bool,
+    ) {
         let holder = self.args.config.instance_id.clone();
         let lock_timeout_ms = self.args.config.schedule_lock_timeout.as_millis() as Millis;
+        self.depth.claim_sent(self.queue.queued_len(), filled);
         let mut claims = JoinSet::new();
         for (index, spec) in specs.iter().enumerate() {
             self.claiming.insert(spec.branch_rule.id);
@@ -550,6 +561,14 @@ impl MasterState {
     /// restart.
     async fn claims_done(&mut self, results: Vec<(JobSpec, Result<Option<Claim>, String>)>) {
         let holder = self.args.config.instance_id.clone();
+        let ahead = self.depth.ahead();
+        self.depth.claim_landed(self.queue.queued_len());
+        if self.depth.ahead() != ahead {
+            debug!(
+                "Claims now go {} job(s) ahead of the workers (were {ahead})",
+                self.depth.ahead()
+            );
+        }
         let mut claimed_ids = Vec::new();
         let mut errors = 0;
         for (spec, outcome) in results {
@@ -648,6 +667,13 @@ impl MasterState {
                 self.queue.forget(job.branch_rule_id());
                 self.release(&job, "worker gone at the handoff").await;
             }
+        }
+        if !self.throttled
+            && self.pool.idle_len() > 0
+            && self.queue.queued_len() == 0
+            && !self.claiming.is_empty()
+        {
+            self.depth.worker_waits_for_a_claim();
         }
     }
 

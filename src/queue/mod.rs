@@ -2,10 +2,12 @@
 //! tracking and the recently-processed window. Pure: no actors, no I/O.
 
 mod capacity;
+mod depth;
 mod pool;
 mod start_lag;
 
 pub use capacity::{BacklogChange, BacklogTrend, Capacity};
+pub use depth::ClaimDepth;
 pub use pool::WorkerPool;
 pub use start_lag::{LagPoint, StartLagHistory, StartLagSeries};
 
@@ -261,41 +263,9 @@ impl<J> JobQueue<J> {
     }
 }
 
-/// How many more jobs the master may claim: enough to keep the free
-/// workers busy plus two rounds of work for all of them. Two, not one,
-/// because the next claims take a commit to land and the workers must not
-/// run dry meanwhile; no more, because a claim held longer than the workers
-/// need to reach it is a lease kept from the other instances for nothing.
-/// Nothing until half a round has room: topping up one or two jobs at a
-/// time walked the plan and committed a claim for each finished job, and a
-/// 10,000 burst with 50 workers drained at 7,000 jobs/s on SQLite and 2,900
-/// on PostgreSQL instead of 10,000 and 5,600.
-pub fn claim_room(idle_workers: usize, workers: usize, queued_or_claiming: usize) -> usize {
-    let ahead = 2 * workers;
-    let room = (idle_workers + ahead).saturating_sub(queued_or_claiming);
-    if room >= (ahead / 4).max(1) { room } else { 0 }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn claims_wait_for_half_a_round_of_room_then_fill_two_rounds() {
-        // Nothing queued, all 50 idle: the free workers and two rounds.
-        assert_eq!(claim_room(50, 50, 0), 150);
-        // Busy workers, two rounds queued: nothing to claim.
-        assert_eq!(claim_room(0, 50, 100), 0);
-        // A few jobs short of full: wait, do not walk the plan for them.
-        assert_eq!(claim_room(0, 50, 76), 0);
-        // Half a round short: top up all the way.
-        assert_eq!(claim_room(0, 50, 75), 25);
-        assert_eq!(claim_room(3, 50, 60), 43);
-        // One worker still claims one job at a time.
-        assert_eq!(claim_room(1, 1, 0), 3);
-        assert_eq!(claim_room(0, 1, 1), 1);
-        assert_eq!(claim_room(0, 1, 2), 0);
-    }
 
     fn id(n: u128) -> Uuid {
         Uuid::from_u128(n)

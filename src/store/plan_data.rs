@@ -5,6 +5,7 @@ use super::catalog::{
     decode_action_template, decode_branch, decode_brand, decode_brand_rule, decode_rule,
 };
 use super::decode::AnyRow;
+use super::direct;
 use super::workflows::{
     COUNT_BRANCH_RULES, SELECT_ACTION_DETAILS_CAPPED, SELECT_BRANCH_RULES,
     SELECT_BRANCH_RULES_CHANGED_SINCE, decode_action_detail, decode_branch_rule,
@@ -43,6 +44,30 @@ macro_rules! sift_on {
     }};
 }
 
+/// [`sift_on!`] on SQLite's handle, inside a [`direct::read_in_snapshot`].
+macro_rules! sift_direct {
+    ($db:expr, $op:expr, $decode:expr, $sifted:expr, $sql:expr $(, $arg:expr)* $(,)?) => {
+        $db.rows($op, $sql, &[$($arg),*], |row| $sifted.sift(row, $decode))
+    };
+}
+
+/// The branch rules' row count, through sqlx.
+macro_rules! count_on {
+    ($conn:expr) => {
+        sqlx::query_scalar::<_, i64>(COUNT_BRANCH_RULES)
+            .fetch_one($conn)
+            .await
+            .map_err(StoreError::query("count branch_rules"))
+    };
+}
+
+/// The branch rules' row count, on SQLite's handle.
+macro_rules! count_direct {
+    ($db:expr) => {
+        $db.scalar("count branch_rules", COUNT_BRANCH_RULES)
+    };
+}
+
 /// A branch rule as the plan takes it. A running flag with no lock behind
 /// it (an operator's `UPDATE … SET is_currently_running = 1`, or one left
 /// by hand after clearing the lock) is not a run: every claim sets the two
@@ -57,15 +82,17 @@ fn decode_plan_branch_rule(row: &impl AnyRow) -> Result<BranchRule, StoreError> 
     Ok(rule)
 }
 
-/// Expands to the seven reads on one connection (`&mut *tx`), so the same
-/// code runs inside either backend's transaction. With `$since` set, only
-/// branch rules changed since then are read, plus the table's row count.
+/// Expands to the seven reads on one connection, so the same code runs
+/// inside either backend's transaction: through sqlx (`&mut *tx`, with
+/// `sift_on` and `count_on`) or on SQLite's handle (with `sift_direct` and
+/// `count_direct`). With `$since` set, only branch rules changed since then
+/// are read, plus the table's row count.
 macro_rules! load_all {
-    ($tx:ident, $cap:expr, $since:expr, $sifted:ident) => {{
+    ($tx:expr, $cap:expr, $since:expr, $sifted:ident, $sift:ident, $count:ident) => {{
         let (branch_rules, scope) = match $since {
             None => (
-                sift_on!(
-                    &mut *$tx,
+                $sift!(
+                    $tx,
                     "load branch_rules",
                     decode_plan_branch_rule,
                     $sifted,
@@ -74,18 +101,15 @@ macro_rules! load_all {
                 PlanScope::Full,
             ),
             Some(since) => {
-                let rows = sift_on!(
-                    &mut *$tx,
+                let rows = $sift!(
+                    $tx,
                     "load changed branch_rules",
                     decode_plan_branch_rule,
                     $sifted,
                     SELECT_BRANCH_RULES_CHANGED_SINCE,
                     since
                 )?;
-                let total: i64 = sqlx::query_scalar(COUNT_BRANCH_RULES)
-                    .fetch_one(&mut *$tx)
-                    .await
-                    .map_err(StoreError::query("count branch_rules"))?;
+                let total: i64 = $count!($tx)?;
                 let total_branch_rules = u64::try_from(total).unwrap_or(0);
                 (
                     rows,
@@ -100,8 +124,8 @@ macro_rules! load_all {
         // The branch rule of the last row read, decoded or not: where a cut
         // read stopped, in the database's own order.
         let last_rule = std::cell::RefCell::new(None);
-        let action_details = sift_on!(
-            &mut *$tx,
+        let action_details = $sift!(
+            $tx,
             "load action_details",
             |row| {
                 *last_rule.borrow_mut() = Some(row.text("branch_rule_id").ok().flatten());
@@ -119,30 +143,24 @@ macro_rules! load_all {
         );
         PlanData {
             scope,
-            brands: sift_on!(
-                &mut *$tx,
-                "load brands",
-                decode_brand,
-                $sifted,
-                SELECT_BRANDS
-            )?,
-            branches: sift_on!(
-                &mut *$tx,
+            brands: $sift!($tx, "load brands", decode_brand, $sifted, SELECT_BRANDS)?,
+            branches: $sift!(
+                $tx,
                 "load branches",
                 decode_branch,
                 $sifted,
                 SELECT_BRANCHES
             )?,
-            rules: sift_on!(&mut *$tx, "load rules", decode_rule, $sifted, SELECT_RULES)?,
-            brand_rules: sift_on!(
-                &mut *$tx,
+            rules: $sift!($tx, "load rules", decode_rule, $sifted, SELECT_RULES)?,
+            brand_rules: $sift!(
+                $tx,
                 "load brand_rules",
                 decode_brand_rule,
                 $sifted,
                 SELECT_BRAND_RULES
             )?,
-            action_templates: sift_on!(
-                &mut *$tx,
+            action_templates: $sift!(
+                $tx,
                 "load action_templates",
                 decode_action_template,
                 $sifted,
@@ -299,16 +317,13 @@ impl Store {
         let mut sifted = Sifted::default();
         let data = match self {
             Store::Sqlite(pool) => {
-                // A deferred transaction pins one WAL snapshot at its first
-                // read, which is all the consistency needed here.
-                let mut tx = pool
-                    .begin()
-                    .await
-                    .map_err(StoreError::query("begin load_plan_data"))?;
-                let data = load_all!(tx, cap, since, sifted);
-                tx.commit()
-                    .await
-                    .map_err(StoreError::query("commit load_plan_data"))?;
+                let (data, read) = direct::read_in_snapshot(pool, "load_plan_data", move |db| {
+                    let mut sifted = Sifted::default();
+                    let data = load_all!(db, cap, since, sifted, sift_direct, count_direct);
+                    Ok((data, sifted))
+                })
+                .await?;
+                sifted = read;
                 data
             }
             Store::Postgres(pool) => {
@@ -316,7 +331,7 @@ impl Store {
                     .begin_with(BEGIN_PG_SNAPSHOT)
                     .await
                     .map_err(StoreError::query("begin load_plan_data"))?;
-                let data = load_all!(tx, cap, since, sifted);
+                let data = load_all!(&mut *tx, cap, since, sifted, sift_on, count_on);
                 tx.commit()
                     .await
                     .map_err(StoreError::query("commit load_plan_data"))?;
