@@ -41,7 +41,7 @@ use crate::messages::{LeaseMsg, MasterMsg, PlanMsg};
 use crate::metrics as m;
 use crate::model::Millis;
 use crate::recovery;
-use crate::store::{Backend, Store, StoreError};
+use crate::store::{Backend, InstanceRow, Store, StoreError};
 
 /// The least a heartbeat is given as the fence deadline nears: one that
 /// cannot land in time is still worth a try.
@@ -207,9 +207,13 @@ impl LeaseState {
             info!("💓 Heartbeat renewed: rejoining the cluster");
             self.fenced = false;
         }
-        if self.throttled || self.stepped_aside {
-            self.follow_the_throttle().await;
-        }
+        // While memory is short the throttle reads the live instances; the
+        // fair share below uses the same rows rather than a second read.
+        let live = if self.throttled || self.stepped_aside {
+            self.follow_the_throttle().await
+        } else {
+            None
+        };
         if self.leaving || self.stepped_aside || !self.rejoined().await {
             // Only the heartbeat and the cancel requests of the jobs still
             // finishing here.
@@ -218,7 +222,7 @@ impl LeaseState {
             return;
         }
         if self.args.store.backend() == Backend::Postgres
-            && let Err(e) = self.balance(renewal_due).await
+            && let Err(e) = self.balance(renewal_due, live).await
         {
             metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "leases").increment(1);
             debug!("Partition leases not balanced this round: {e}");
@@ -347,16 +351,23 @@ impl LeaseState {
         }
     }
 
-    /// One round of the fair share: renew, give back, take.
-    async fn balance(&mut self, renew: bool) -> Result<(), StoreError> {
+    /// One round of the fair share: renew, give back, take. `live`: the
+    /// live instances if this round read them already.
+    async fn balance(
+        &mut self,
+        renew: bool,
+        live: Option<Vec<InstanceRow>>,
+    ) -> Result<(), StoreError> {
         let store = &self.args.store;
         let config = &self.args.config;
         let ttl_ms = self.ttl_ms();
         let count = config.partition_count;
         let me = config.instance_id.clone();
-        let live: Vec<LiveInstance> = store
-            .live_instances(ttl_ms)
-            .await?
+        let rows = match live {
+            Some(rows) => rows,
+            None => store.live_instances(ttl_ms).await?,
+        };
+        let live: Vec<LiveInstance> = rows
             .into_iter()
             .map(|row| LiveInstance {
                 preferred: row.partition.as_deref().and_then(|p| p.parse().ok()),
@@ -557,7 +568,8 @@ impl LeaseState {
 
     async fn memory_throttle(&mut self, throttled: bool) {
         self.throttled = throttled;
-        self.follow_the_throttle().await;
+        // The next tick reads the live instances afresh.
+        let _ = self.follow_the_throttle().await;
     }
 
     /// A throttled instance claims nothing, so the partitions it holds
@@ -567,33 +579,53 @@ impl LeaseState {
     /// lifts, or when no peer is left to serve it. A lone instance keeps
     /// its partitions: nobody else would serve them, and its plan still
     /// shows what waits for memory.
-    async fn follow_the_throttle(&mut self) {
+    ///
+    /// Returns the live instances it read, if it read them.
+    async fn follow_the_throttle(&mut self) -> Option<Vec<InstanceRow>> {
         if self.leaving || self.released || self.args.store.backend() != Backend::Postgres {
-            return;
+            return None;
         }
         // A database that cannot say whether a peer is live changes nothing.
         if self.throttled && !self.stepped_aside {
-            if self.live_peers().await.is_some_and(|n| n > 0) {
+            let live = self.live_instances().await;
+            if live.as_deref().is_some_and(|rows| self.peers(rows) > 0) {
                 self.step_aside().await;
             }
-        } else if self.stepped_aside && (!self.throttled || self.live_peers().await == Some(0)) {
-            self.stepped_aside = false;
-            self.rejoin_pending = true;
-            self.rejoined().await;
+            live
+        } else if self.stepped_aside {
+            let live = if self.throttled {
+                self.live_instances().await
+            } else {
+                None
+            };
+            let alone = live.as_deref().is_some_and(|rows| self.peers(rows) == 0);
+            if !self.throttled || alone {
+                self.stepped_aside = false;
+                self.rejoin_pending = true;
+                self.rejoined().await;
+            }
+            live
+        } else {
+            None
         }
     }
 
-    /// Live instances other than this one that are not leaving; `None` when
-    /// the database cannot say.
-    async fn live_peers(&self) -> Option<usize> {
+    /// Live instances that are not leaving; `None` when the database cannot
+    /// say.
+    async fn live_instances(&self) -> Option<Vec<InstanceRow>> {
         match self.args.store.live_instances(self.ttl_ms()).await {
-            Ok(live) => Some(live.iter().filter(|row| row.id != self.me()).count()),
+            Ok(live) => Some(live),
             Err(e) => {
                 metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "leases").increment(1);
                 debug!("Live instances not read: {e}");
                 None
             }
         }
+    }
+
+    /// How many of `live` are not this instance.
+    fn peers(&self, live: &[InstanceRow]) -> usize {
+        live.iter().filter(|row| row.id != self.me()).count()
     }
 
     async fn step_aside(&mut self) {

@@ -101,37 +101,7 @@ impl Actor for WorkerActor {
         state: &mut WorkerState,
     ) -> Result<(), ActorProcessingErr> {
         match message {
-            WorkerMsg::Run { job, scheduled } => {
-                // Running is queued at once, right behind the master's
-                // Scheduled write, so both commit together; it applies only
-                // if Scheduled did. A job held back by the memory guard
-                // queues it when it starts.
-                let running = if state.throttled {
-                    None
-                } else {
-                    Some(state.queue_running(&job).await)
-                };
-                match running {
-                    Some((running, at)) if state.claim_is_fresh(&job, at) => {
-                        let check = StartCheck::InFlight { scheduled, running };
-                        state.start(&myself, job, check, at).await;
-                    }
-                    running => {
-                        if state.handoff_confirmed(&job, scheduled).await {
-                            match running {
-                                Some((running, at)) => {
-                                    let check = StartCheck::Awaited(running);
-                                    state.start(&myself, job, check, at).await
-                                }
-                                None => state.hold(&myself, job),
-                            }
-                        } else {
-                            state.report(&job, ExecutionStatus::Cancelled);
-                            myself.stop(Some("claim lost before the handoff".into()));
-                        }
-                    }
-                }
-            }
+            WorkerMsg::Run { job, scheduled } => state.take_over(&myself, job, scheduled).await,
             WorkerMsg::Cancel {
                 execution_id,
                 reason,
@@ -303,6 +273,42 @@ async fn running_held(
 }
 
 impl WorkerState {
+    /// A job from the master, its Scheduled write queued. Running is
+    /// queued at once, right behind it, so both commit together; it
+    /// applies only if Scheduled did. A fresh claim starts at once
+    /// ([`StartCheck::InFlight`]); an older one once both writes landed; a
+    /// job held back by the memory guard queues Running when it starts.
+    async fn take_over(
+        &mut self,
+        myself: &ActorRef<WorkerMsg>,
+        job: Box<Job>,
+        scheduled: PendingTransition,
+    ) {
+        let running = if self.throttled {
+            None
+        } else {
+            let (running, at) = self.queue_running(&job).await;
+            if self.claim_is_fresh(&job, at) {
+                let check = StartCheck::InFlight { scheduled, running };
+                self.start(myself, job, check, at).await;
+                return;
+            }
+            Some((running, at))
+        };
+        if !self.handoff_confirmed(&job, scheduled).await {
+            self.report(&job, ExecutionStatus::Cancelled);
+            myself.stop(Some("claim lost before the handoff".into()));
+            return;
+        }
+        match running {
+            Some((running, at)) => {
+                let check = StartCheck::Awaited(running);
+                self.start(myself, job, check, at).await
+            }
+            None => self.hold(myself, job),
+        }
+    }
+
     /// Waits for the master's Scheduled write ([`claim_held`]).
     async fn handoff_confirmed(&self, job: &Job, scheduled: PendingTransition) -> bool {
         let ids = (job.branch_rule_id(), job.execution_id());
