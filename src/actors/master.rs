@@ -360,6 +360,7 @@ impl MasterState {
         if self.drain.is_some() || self.throttled {
             return;
         }
+        self.depth.settle(self.args.clock.now_ms());
         // A fetch walks the plan and claims in the database; while the queue
         // is nearly full, a free worker only needs the next queued job.
         let next_wake = if self.claim_budget() > 0 {
@@ -561,14 +562,8 @@ impl MasterState {
     /// restart.
     async fn claims_done(&mut self, results: Vec<(JobSpec, Result<Option<Claim>, String>)>) {
         let holder = self.args.config.instance_id.clone();
-        let ahead = self.depth.ahead();
-        self.depth.claim_landed(self.queue.queued_len());
-        if self.depth.ahead() != ahead {
-            debug!(
-                "Claims now go {} job(s) ahead of the workers (were {ahead})",
-                self.depth.ahead()
-            );
-        }
+        let still_queued = self.queue.queued_len();
+        let mut won = 0;
         let mut claimed_ids = Vec::new();
         let mut errors = 0;
         for (spec, outcome) in results {
@@ -592,6 +587,7 @@ impl MasterState {
                 }
             };
             metrics::counter!(m::LOCK_CLAIMS_TOTAL, "result" => "won").increment(1);
+            won += 1;
             let execution_id = claim.execution.id;
             let job = Box::new(Job {
                 fence: Fence {
@@ -620,6 +616,16 @@ impl MasterState {
                 claimed_ids.push(id);
                 info!(branch_rule_id = %id, %execution_id, "📥 Added job {id}");
             }
+        }
+        let ahead = self.depth.ahead();
+        let clean = won > 0 && errors == 0;
+        self.depth
+            .claim_landed(still_queued, clean, self.args.clock.now_ms());
+        if self.depth.ahead() != ahead {
+            debug!(
+                "Claims now go {} job(s) ahead of the workers (were {ahead})",
+                self.depth.ahead()
+            );
         }
         if !claimed_ids.is_empty() {
             info!("👑 Master fetched {} jobs", claimed_ids.len());
@@ -669,6 +675,8 @@ impl MasterState {
             }
         }
         if !self.throttled
+            && !self.fenced
+            && self.drain.is_none()
             && self.pool.idle_len() > 0
             && self.queue.queued_len() == 0
             && !self.claiming.is_empty()
@@ -779,6 +787,7 @@ impl MasterState {
             // as the throttle lifts (the recently-processed dedup would hold
             // them back for its whole window).
             let queued = self.queue.drain_queued();
+            self.depth.queue_emptied();
             for (id, job) in &queued {
                 self.release(job, "released while memory is short").await;
                 self.queue.forget(*id);
@@ -1079,6 +1088,7 @@ impl MasterState {
         self.fenced = true;
         let now = self.args.clock.now_ms();
         let queued = self.queue.drain_queued();
+        self.depth.queue_emptied();
         for (id, _) in &queued {
             self.queue.finish(*id, now);
             self.run_ended(*id);

@@ -14,10 +14,19 @@
 //! claim lands on a queue still more than half full. Two rounds are the
 //! floor; the ceiling keeps a claim from being held much longer than the
 //! workers need to reach it, since a queued claim is a lease the other
-//! instances cannot take.
+//! instances cannot take. A depth that no wait has called for in a few
+//! seconds goes back to the floor: the next burst may be of long jobs,
+//! and claiming sixteen rounds of those would hold them from the peers
+//! (and, on a crash, leave that many to take over).
+
+use crate::model::Millis;
 
 /// The most rounds of work claimed ahead of the workers.
 const MAX_ROUNDS: usize = 16;
+
+/// How long a depth above the floor lasts without a worker waiting for a
+/// claim.
+const KEEP_DEEP_MS: Millis = 5_000;
 
 #[derive(Debug, Clone)]
 pub struct ClaimDepth {
@@ -30,6 +39,8 @@ pub struct ClaimDepth {
     topping_up: bool,
     /// A worker found the queue empty while such a claim was on its way.
     ran_dry: bool,
+    /// When a wait last deepened the queue.
+    deepened_at: Millis,
 }
 
 impl ClaimDepth {
@@ -40,6 +51,7 @@ impl ClaimDepth {
             ahead: 2 * workers,
             topping_up: false,
             ran_dry: false,
+            deepened_at: 0,
         }
     }
 
@@ -63,10 +75,19 @@ impl ClaimDepth {
         }
     }
 
+    /// Back to the floor once no wait has called for the depth in
+    /// [`KEEP_DEEP_MS`]; the master asks before it looks for work.
+    pub fn settle(&mut self, now: Millis) {
+        if now - self.deepened_at > KEEP_DEEP_MS {
+            self.ahead = 2 * self.workers;
+        }
+    }
+
     /// A claim is sent while `queued` jobs wait in the queue; `filled`
     /// when it takes all the room (more were ready).
     pub fn claim_sent(&mut self, queued: usize, filled: bool) {
         self.topping_up = queued > 0 && filled;
+        self.ran_dry = false;
     }
 
     /// A worker is idle, nothing is queued, and a claim is on its way. If
@@ -78,16 +99,26 @@ impl ClaimDepth {
         self.ran_dry |= self.topping_up;
     }
 
-    /// A claim landed with `still_queued` jobs left from before it. Deeper
-    /// if a worker waited for it; shallower if the queue would have lasted
-    /// twice as long.
-    pub fn claim_landed(&mut self, still_queued: usize) {
+    /// A claim landed at `now` with `still_queued` jobs left from before
+    /// it. Deeper if a worker waited for it and it went as claims should
+    /// (`clean`: it won rules, and none failed); a claim slowed by an
+    /// outage, or lost to a peer, says nothing of the depth. Shallower if
+    /// the queue would have lasted twice as long.
+    pub fn claim_landed(&mut self, still_queued: usize, clean: bool, now: Millis) {
         let floor = 2 * self.workers;
-        if std::mem::take(&mut self.ran_dry) {
+        if std::mem::take(&mut self.ran_dry) && clean {
             self.ahead = (self.ahead * 2).min(MAX_ROUNDS * self.workers);
+            self.deepened_at = now;
         } else if still_queued > self.ahead / 2 {
             self.ahead = (self.ahead - self.ahead / 4).max(floor);
         }
+    }
+
+    /// A worker's wait no longer counts: the queue was emptied on purpose
+    /// (a fence, a drain, the memory guard), not eaten by the workers.
+    pub fn queue_emptied(&mut self) {
+        self.ran_dry = false;
+        self.topping_up = false;
     }
 }
 
@@ -114,13 +145,20 @@ mod tests {
         assert_eq!(one.room(0, 2), 0);
     }
 
+    /// One claim that a worker waited for.
+    fn waited_for(depth: &mut ClaimDepth, now: Millis) {
+        depth.claim_sent(1, true);
+        depth.worker_waits_for_a_claim();
+        depth.claim_landed(0, true, now);
+    }
+
     #[test]
     fn the_depth_doubles_when_a_worker_waited_for_a_claim_up_to_sixteen_rounds() {
         let mut depth = ClaimDepth::new(10);
         assert_eq!(depth.ahead(), 20);
         depth.claim_sent(0, true);
         depth.worker_waits_for_a_claim();
-        depth.claim_landed(0);
+        depth.claim_landed(0, true, 0);
         assert_eq!(
             depth.ahead(),
             20,
@@ -128,23 +166,31 @@ mod tests {
         );
         depth.claim_sent(3, false);
         depth.worker_waits_for_a_claim();
-        depth.claim_landed(0);
+        depth.claim_landed(0, true, 0);
         assert_eq!(depth.ahead(), 20, "nor one that took every ready job");
         depth.claim_sent(3, true);
         depth.worker_waits_for_a_claim();
+        depth.claim_landed(0, false, 0);
+        assert_eq!(depth.ahead(), 20, "nor one that failed or was lost");
+        depth.claim_sent(3, true);
         depth.worker_waits_for_a_claim();
-        depth.claim_landed(0);
+        depth.queue_emptied();
+        depth.claim_landed(0, true, 0);
+        assert_eq!(depth.ahead(), 20, "nor a queue emptied on purpose");
+        depth.claim_sent(3, true);
+        depth.worker_waits_for_a_claim();
+        depth.worker_waits_for_a_claim();
+        depth.claim_landed(0, true, 0);
         assert_eq!(
             depth.ahead(),
             40,
             "one doubling per claim, however many waited"
         );
-        depth.claim_landed(0);
+        depth.claim_sent(3, true);
+        depth.claim_landed(0, true, 0);
         assert_eq!(depth.ahead(), 40, "nobody waited, the queue ran low: kept");
         for _ in 0..10 {
-            depth.claim_sent(1, true);
-            depth.worker_waits_for_a_claim();
-            depth.claim_landed(0);
+            waited_for(&mut depth, 0);
         }
         assert_eq!(depth.ahead(), 160);
         assert_eq!(depth.room(10, 0), 170);
@@ -154,18 +200,31 @@ mod tests {
     fn the_depth_gives_back_a_quarter_while_claims_land_on_a_full_queue_down_to_two_rounds() {
         let mut depth = ClaimDepth::new(10);
         for _ in 0..3 {
-            depth.claim_sent(1, true);
-            depth.worker_waits_for_a_claim();
-            depth.claim_landed(0);
+            waited_for(&mut depth, 0);
         }
         assert_eq!(depth.ahead(), 160);
-        depth.claim_landed(81);
+        depth.claim_landed(81, true, 0);
         assert_eq!(depth.ahead(), 120);
-        depth.claim_landed(60);
+        depth.claim_landed(60, true, 0);
         assert_eq!(depth.ahead(), 120, "half full is not more than half");
         for _ in 0..20 {
-            depth.claim_landed(1_000);
+            depth.claim_landed(1_000, true, 0);
         }
+        assert_eq!(depth.ahead(), 20);
+    }
+
+    #[test]
+    fn a_depth_no_wait_called_for_in_five_seconds_goes_back_to_two_rounds() {
+        let mut depth = ClaimDepth::new(10);
+        for _ in 0..3 {
+            waited_for(&mut depth, 1_000);
+        }
+        depth.settle(6_000);
+        assert_eq!(depth.ahead(), 160, "five seconds since the last wait: kept");
+        waited_for(&mut depth, 6_000);
+        depth.settle(11_000);
+        assert_eq!(depth.ahead(), 160);
+        depth.settle(11_001);
         assert_eq!(depth.ahead(), 20);
     }
 }

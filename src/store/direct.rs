@@ -261,14 +261,27 @@ pub(super) async fn read_in_snapshot<T: Send + 'static>(
         // A deferred transaction pins one WAL snapshot at its first read:
         // every statement sees the same committed state.
         db.execute_batch("BEGIN").map_err(sqlite_error(op))?;
-        let outcome = read(&SnapshotRead { db: &db });
-        // Read only: nothing to keep, and a connection must not go back to
-        // the pool inside a transaction sqlx does not know of.
+        // A decoder that panics must not leave the transaction open: the
+        // panic goes on once it is rolled back.
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            read(&SnapshotRead { db: &db })
+        }));
+        // Read only: nothing to keep.
         let ended = db.execute_batch("ROLLBACK").map_err(sqlite_error(op));
+        let still_open = !db.is_autocommit();
         drop(db);
         drop(handle);
+        if still_open {
+            // sqlx does not know of this transaction: a connection back in
+            // the pool inside it would pin the snapshot and, with a write,
+            // hold the write lock for good. Closed instead.
+            conn.close_on_drop();
+        }
         drop(conn);
-        let value = outcome?;
+        let value = match outcome {
+            Ok(value) => value?,
+            Err(panic) => std::panic::resume_unwind(panic),
+        };
         ended.map(|()| value)
     })
     .await;
@@ -387,9 +400,10 @@ impl AnyRow for OwnedRow {
         match self.value(column)? {
             Value::Null => Ok(None),
             Value::Text(text) => Ok(Some(text.clone())),
+            // Text that is not UTF-8 (see `OwnedRow::of`), or a blob.
             Value::Blob(_) => Err(sqlx::Error::ColumnDecode {
                 index: column.to_string(),
-                source: "invalid UTF-8 in TEXT".into(),
+                source: "expected TEXT in UTF-8, found other bytes".into(),
             }),
             other => Err(Self::mismatch(column, "TEXT", other)),
         }
