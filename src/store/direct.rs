@@ -221,18 +221,30 @@ impl GroupedConn for Direct<'_> {
                 .raw_bind_parameter(index + 1, value)
                 .map_err(sqlite_error(op))?;
         }
-        let columns: Arc<[String]> = statement
-            .column_names()
-            .into_iter()
-            .map(str::to_string)
-            .collect();
-        let mut rows = statement.raw_query();
-        let mut out = Vec::new();
-        while let Some(row) = rows.next().map_err(sqlite_error(op))? {
-            out.push(OwnedRow::of(&columns, row));
-        }
-        Ok(out)
+        collect_rows(&mut statement, op, Some)
     }
+}
+
+/// Runs a bound statement and hands each row, copied out, to `each`; keeps
+/// what it returns.
+fn collect_rows<T>(
+    statement: &mut rusqlite::Statement<'_>,
+    op: &'static str,
+    mut each: impl FnMut(OwnedRow) -> Option<T>,
+) -> Result<Vec<T>, StoreError> {
+    let columns: Arc<[String]> = statement
+        .column_names()
+        .into_iter()
+        .map(str::to_string)
+        .collect();
+    let mut rows = statement.raw_query();
+    let mut out = Vec::new();
+    while let Some(row) = rows.next().map_err(sqlite_error(op))? {
+        if let Some(value) = each(OwnedRow::of(&columns, row)) {
+            out.push(value);
+        }
+    }
+    Ok(out)
 }
 
 /// A read of several statements in one deferred transaction on a pooled
@@ -302,8 +314,10 @@ pub(super) struct SnapshotRead<'c> {
 }
 
 impl SnapshotRead<'_> {
-    /// Runs `sql` with `args` bound to `$1`, `$2`, … in order, and hands
-    /// each row to `each`; keeps what it returns.
+    /// Runs `sql` with `args` bound to its parameters in order, and hands
+    /// each row to `each`; keeps what it returns. By position, not by
+    /// `$n` as the batches bind: the plan's reads use each of `$1`, `$2`,
+    /// … once, in order.
     pub(super) fn rows<T>(
         &self,
         op: &'static str,
@@ -312,24 +326,13 @@ impl SnapshotRead<'_> {
         mut each: impl FnMut(&OwnedRow) -> Option<T>,
     ) -> Result<Vec<T>, StoreError> {
         let mut statement = self.db.prepare(sql).map_err(sqlite_error(op))?;
+        debug_assert_eq!(statement.parameter_count(), args.len(), "{sql}");
         for (index, arg) in args.iter().enumerate() {
             statement
                 .raw_bind_parameter(index + 1, *arg)
                 .map_err(sqlite_error(op))?;
         }
-        let columns: Arc<[String]> = statement
-            .column_names()
-            .into_iter()
-            .map(str::to_string)
-            .collect();
-        let mut rows = statement.raw_query();
-        let mut out = Vec::new();
-        while let Some(row) = rows.next().map_err(sqlite_error(op))? {
-            if let Some(value) = each(&OwnedRow::of(&columns, row)) {
-                out.push(value);
-            }
-        }
-        Ok(out)
+        collect_rows(&mut statement, op, |row| each(&row))
     }
 
     /// The one integer `sql` returns.
