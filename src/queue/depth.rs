@@ -87,7 +87,6 @@ impl ClaimDepth {
     /// when it takes all the room (more were ready).
     pub fn claim_sent(&mut self, queued: usize, filled: bool) {
         self.topping_up = queued > 0 && filled;
-        self.ran_dry = false;
     }
 
     /// A worker is idle, nothing is queued, and a claim is on its way. If
@@ -189,6 +188,17 @@ mod tests {
         depth.claim_sent(3, true);
         depth.claim_landed(0, true, 0);
         assert_eq!(depth.ahead(), 40, "nobody waited, the queue ran low: kept");
+        depth.claim_sent(3, true);
+        depth.worker_waits_for_a_claim();
+        depth.claim_sent(2, true);
+        depth.claim_landed(0, true, 0);
+        assert_eq!(
+            depth.ahead(),
+            80,
+            "a wait counts though the next claim left meanwhile"
+        );
+        depth.claim_landed(0, true, 0);
+        assert_eq!(depth.ahead(), 80, "once");
         for _ in 0..10 {
             waited_for(&mut depth, 0);
         }
