@@ -41,6 +41,16 @@ struct Tree {
 }
 
 async fn tree(api: &Api, kind: &str, config: Value) -> Tree {
+    tree_due_at(api, kind, config, chrono::Utc::now()).await
+}
+
+/// [`tree`], with the branch rule's next run at `due`.
+async fn tree_due_at(
+    api: &Api,
+    kind: &str,
+    config: Value,
+    due: chrono::DateTime<chrono::Utc>,
+) -> Tree {
     let brand = create(api, "/api/v1/brands", json!({"name": "history"})).await;
     let branch = create(
         api,
@@ -65,7 +75,7 @@ async fn tree(api: &Api, kind: &str, config: Value) -> Tree {
         "/api/v1/branch-rules",
         json!({
             "branch_id": branch, "rule_id": rule,
-            "next_run_time": chrono::Utc::now().to_rfc3339(),
+            "next_run_time": due.to_rfc3339(),
             "action_details": [{"action_template_id": template}],
         }),
     )
@@ -245,3 +255,87 @@ both_backends!(
         running.service.shutdown("test").await.unwrap();
     }
 );
+
+/// The refusal and the delete are one step: a claim another instance has
+/// in flight when the delete comes (its branch rule locked, its execution
+/// inserted, not yet committed) either lands before the count, which then
+/// sees its execution, or not at all. Checked first and deleted after, the
+/// delete waited for the claim's row lock and then let the cascade erase
+/// the execution the claim had just committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_in_flight_during_a_delete_is_not_erased_by_it() {
+    let Some(db) = common::postgres_db().await else {
+        return;
+    };
+    let running = start_service_with(&db.url, with_token).await;
+    let api = Api::new(&running.service);
+    let next_year = chrono::Utc::now() + chrono::Duration::days(365);
+    let t = tree_due_at(&api, "noop", json!({}), next_year).await;
+    let store = db.store().await;
+    let ruled::store::Store::Postgres(pool) = &store else {
+        unreachable!("a PostgreSQL test database")
+    };
+
+    // Another instance's claim, half done: the rule locked and its
+    // execution inserted in a transaction not yet committed.
+    let now = chrono::Utc::now().timestamp_millis();
+    let mut peer = pool.begin().await.unwrap();
+    sqlx::query(
+        "UPDATE branch_rules SET lock_holder = 'peer', lock_time = $1, \
+         lock_epoch = lock_epoch + 1, is_currently_running = TRUE WHERE id = $2",
+    )
+    .bind(now)
+    .bind(&t.branch_rule)
+    .execute(&mut *peer)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO executions (id, branch_rule_id, scheduled_for, status, attempt, owner, \
+         lock_epoch, requested_at, created_at, updated_at) \
+         VALUES ($1, $2, $3, 'requested', 1, 'peer', 1, $3, $3, $3)",
+    )
+    .bind(Uuid::new_v4().to_string())
+    .bind(&t.branch_rule)
+    .bind(now)
+    .execute(&mut *peer)
+    .await
+    .unwrap();
+
+    let deleter = api.with_token(TOKEN);
+    let path = format!("/api/v1/branches/{}", t.branch);
+    let delete = tokio::spawn(async move { deleter.delete(&path).await });
+    eventually(
+        DEADLINE,
+        "the delete waiting for the claim's lock",
+        || async {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM pg_stat_activity \
+             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            )
+            .fetch_one(pool)
+            .await
+            .unwrap();
+            waiting > 0
+        },
+    )
+    .await;
+    peer.commit().await.unwrap();
+
+    let reply = delete.await.unwrap();
+    assert_eq!(reply.status, 409, "{}", reply.text);
+    assert!(
+        reply.error_message().contains("1 execution"),
+        "{}",
+        reply.text
+    );
+    let kept: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM executions WHERE branch_rule_id = $1")
+        .bind(&t.branch_rule)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(kept, 1, "the claim's execution was erased");
+    let branch = api.get(&format!("/api/v1/branches/{}", t.branch)).await;
+    assert_eq!(branch.status, 200, "{}", branch.text);
+
+    running.service.shutdown("test").await.unwrap();
+}

@@ -41,11 +41,11 @@ use crate::messages::{MasterMsg, RefresherMsg};
 use crate::metrics as m;
 use crate::plan::{ResolveError, ScheduleParts, resolve_schedule, resolve_zone};
 use crate::schedule::{CronSchedule, EffectivePolicy, Policy, ScheduleCache, next_after_millis};
-use crate::store::CatalogScope;
 use crate::store::rows::{
     ACTION_DETAILS, ACTION_TEMPLATES, BRANCH_RULES, BRANCHES, BRAND_RULES, BRANDS, RULES, TableSpec,
 };
 use crate::store::rows::{PageKey, PageOrder};
+use crate::store::{CatalogScope, HistoryDelete};
 
 type Created<T> = (StatusCode, Json<T>);
 
@@ -679,25 +679,25 @@ async fn delete_keeping_history(
         uuids.push(uuid);
     }
     if !archive {
-        for uuid in &uuids {
-            let executions = state.store().executions_under(scope, *uuid).await?;
-            if executions > 0 {
-                info!(%what, id = %uuid, executions, "🗄️ Delete refused: the {what} has execution history");
+        return match state.store().delete_without_history(scope, &uuids).await? {
+            HistoryDelete::Deleted(_) => {
+                nudge(state);
+                Ok(StatusCode::NO_CONTENT.into_response())
+            }
+            HistoryDelete::Refused { id, executions } => {
+                info!(%what, %id, executions, "🗄️ Delete refused: the {what} has execution history");
                 metrics::counter!(m::CATALOG_DELETES_REFUSED_TOTAL, "table" => spec.table)
                     .increment(1);
-                return Err(ApiError::Conflict(format!(
-                    "{what} {uuid} has {executions} execution(s) in its history, which deleting \
+                Err(ApiError::Conflict(format!(
+                    "{what} {id} has {executions} execution(s) in its history, which deleting \
                      it would erase; nothing was deleted. Archive it instead with \
                      DELETE {}/{}/{ids}?cascade=archive: it leaves listings and the plan, \
                      its running jobs are cancelled and its history is kept",
                     super::routes::PREFIX,
                     spec.table.replace('_', "-"),
-                )));
+                )))
             }
-        }
-        return delete_ids(state, spec, what, ids)
-            .await
-            .map(IntoResponse::into_response);
+        };
     }
     let now = state.clock().now_ms();
     let branch_rules = state.store().archive(scope, &uuids, now).await?;

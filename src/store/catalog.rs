@@ -217,6 +217,15 @@ pub enum CatalogScope {
     BranchRule,
 }
 
+/// What [`Store::delete_without_history`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HistoryDelete {
+    /// No history below: the rows are gone, with this many rows deleted.
+    Deleted(u64),
+    /// The row `id` has executions below it; nothing was deleted.
+    Refused { id: Uuid, executions: i64 },
+}
+
 impl CatalogScope {
     /// The branch rules below one row, `$1` being its id.
     fn branch_rules_sql(self) -> &'static str {
@@ -249,6 +258,42 @@ impl CatalogScope {
                  (SELECT id FROM branch_rules WHERE rule_id = $1)"
             }
             CatalogScope::BranchRule => "SELECT COUNT(*) FROM executions WHERE branch_rule_id = $1",
+        }
+    }
+
+    /// PostgreSQL's row locks for a delete of the row `$1`: the row
+    /// itself and the catalog rows between it and its branch rules (new
+    /// branch rules below them wait, their foreign keys needing a share
+    /// lock), then the branch rules (a claim holds its rule's row until it
+    /// commits its execution; later claims skip a locked rule).
+    fn postgres_lock_sql(self) -> &'static [&'static str] {
+        match self {
+            CatalogScope::Brand => &[
+                "SELECT id FROM brands WHERE id = $1 FOR UPDATE",
+                "SELECT id FROM branches WHERE brand_id = $1 ORDER BY id FOR UPDATE",
+                "SELECT id FROM rules WHERE brand_id = $1 ORDER BY id FOR UPDATE",
+                "SELECT id FROM branch_rules \
+                 WHERE branch_id IN (SELECT id FROM branches WHERE brand_id = $1) \
+                 OR rule_id IN (SELECT id FROM rules WHERE brand_id = $1) ORDER BY id FOR UPDATE",
+            ],
+            CatalogScope::Branch => &[
+                "SELECT id FROM branches WHERE id = $1 FOR UPDATE",
+                "SELECT id FROM branch_rules WHERE branch_id = $1 ORDER BY id FOR UPDATE",
+            ],
+            CatalogScope::Rule => &[
+                "SELECT id FROM rules WHERE id = $1 FOR UPDATE",
+                "SELECT id FROM branch_rules WHERE rule_id = $1 ORDER BY id FOR UPDATE",
+            ],
+            CatalogScope::BranchRule => &["SELECT id FROM branch_rules WHERE id = $1 FOR UPDATE"],
+        }
+    }
+
+    fn delete_sql(self) -> &'static str {
+        match self {
+            CatalogScope::Brand => "DELETE FROM brands WHERE id = $1",
+            CatalogScope::Branch => "DELETE FROM branches WHERE id = $1",
+            CatalogScope::Rule => "DELETE FROM rules WHERE id = $1",
+            CatalogScope::BranchRule => "DELETE FROM branch_rules WHERE id = $1",
         }
     }
 
@@ -291,25 +336,75 @@ fn parse_ids(ids: Vec<String>) -> Result<Vec<Uuid>, StoreError> {
 }
 
 impl Store {
-    /// How many executions (any state) lie below the catalog row `id`.
-    pub async fn executions_under(&self, scope: CatalogScope, id: Uuid) -> Result<i64, StoreError> {
-        let sql = scope.count_sql();
-        let op = "count executions under a catalog row";
-        match self {
-            Store::Sqlite(pool) => {
-                sqlx::query_scalar(sql)
-                    .bind(id_text(id))
-                    .fetch_one(pool)
+    /// Deletes the catalog rows `ids` of `scope` (and, by the cascades,
+    /// everything below them) only if no execution lies below any of them;
+    /// otherwise deletes nothing and names the first row with history.
+    ///
+    /// The look and the delete are one transaction that holds the rows
+    /// against the engine: on SQLite it takes the write lock first; on
+    /// PostgreSQL it locks the rows and their branch rules, so a claim in
+    /// flight commits before the count (which then sees its execution) and
+    /// a later one skips the locked rule, and a branch rule cannot be added
+    /// below meanwhile (its foreign key waits for the parent's lock). A
+    /// count and then a separate delete let a claim land in between, whose
+    /// execution the cascade then erased.
+    pub async fn delete_without_history(
+        &self,
+        scope: CatalogScope,
+        ids: &[Uuid],
+    ) -> Result<HistoryDelete, StoreError> {
+        macro_rules! run {
+            ($tx:expr, $locks:expr) => {{
+                let mut tx = $tx;
+                for id in ids {
+                    for sql in $locks {
+                        sqlx::query(*sql)
+                            .bind(id_text(*id))
+                            .fetch_all(&mut *tx)
+                            .await
+                            .map_err(StoreError::query("lock a catalog row to delete"))?;
+                    }
+                    let executions: i64 = sqlx::query_scalar(scope.count_sql())
+                        .bind(id_text(*id))
+                        .fetch_one(&mut *tx)
+                        .await
+                        .map_err(StoreError::query("count executions under a catalog row"))?;
+                    if executions > 0 {
+                        // Dropping the transaction rolls it back: nothing
+                        // is deleted.
+                        return Ok(HistoryDelete::Refused {
+                            id: *id,
+                            executions,
+                        });
+                    }
+                }
+                let mut deleted = 0;
+                for id in ids {
+                    deleted += execute_on!(
+                        &mut *tx,
+                        "delete a catalog row",
+                        scope.delete_sql(),
+                        id_text(*id)
+                    )?;
+                }
+                tx.commit()
                     .await
-            }
-            Store::Postgres(pool) => {
-                sqlx::query_scalar(sql)
-                    .bind(id_text(id))
-                    .fetch_one(pool)
-                    .await
-            }
+                    .map_err(StoreError::query("commit delete"))?;
+                Ok(HistoryDelete::Deleted(deleted))
+            }};
         }
-        .map_err(StoreError::query(op))
+        match self {
+            Store::Sqlite(pool) => run!(
+                super::claims::begin_sqlite_write(pool, "begin delete").await?,
+                &[] as &[&str]
+            ),
+            Store::Postgres(pool) => run!(
+                pool.begin()
+                    .await
+                    .map_err(StoreError::query("begin delete"))?,
+                scope.postgres_lock_sql()
+            ),
+        }
     }
 
     /// Archives the catalog rows `ids` of `scope` and everything below them
@@ -323,11 +418,8 @@ impl Store {
         now: i64,
     ) -> Result<Vec<Uuid>, StoreError> {
         macro_rules! run {
-            ($pool:expr) => {{
-                let mut tx = $pool
-                    .begin()
-                    .await
-                    .map_err(StoreError::query("begin archive"))?;
+            ($tx:expr) => {{
+                let mut tx = $tx;
                 let mut archived = Vec::new();
                 for id in ids {
                     let below: Vec<String> = sqlx::query_scalar(scope.branch_rules_sql())
@@ -359,8 +451,15 @@ impl Store {
             }};
         }
         match self {
-            Store::Sqlite(pool) => run!(pool),
-            Store::Postgres(pool) => run!(pool),
+            // It reads before it writes: see `SQLITE_BEGIN_WRITE`.
+            Store::Sqlite(pool) => {
+                run!(super::claims::begin_sqlite_write(pool, "begin archive").await?)
+            }
+            Store::Postgres(pool) => run!(
+                pool.begin()
+                    .await
+                    .map_err(StoreError::query("begin archive"))?
+            ),
         }
     }
 }

@@ -126,7 +126,7 @@ pub use batch::{
     BatchError, DEFAULT_MAX_BATCH, PendingTransition, Released, Transition, TransitionBatcher,
     TransitionOutcome,
 };
-pub use catalog::CatalogScope;
+pub use catalog::{CatalogScope, HistoryDelete};
 pub use error::{Backend, StoreError};
 pub use executions::{ERROR_CAP_BYTES, ExecutionFilter, OUTPUT_CAP_BYTES, WORKER_LOST};
 pub use instances::InstanceRow;
