@@ -280,6 +280,10 @@ async fn a_claim_in_flight_during_a_delete_is_not_erased_by_it() {
     // execution inserted in a transaction not yet committed.
     let now = chrono::Utc::now().timestamp_millis();
     let mut peer = pool.begin().await.unwrap();
+    let peer_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *peer)
+        .await
+        .unwrap();
     sqlx::query(
         "UPDATE branch_rules SET lock_holder = 'peer', lock_time = $1, \
          lock_epoch = lock_epoch + 1, is_currently_running = TRUE WHERE id = $2",
@@ -306,12 +310,13 @@ async fn a_claim_in_flight_during_a_delete_is_not_erased_by_it() {
     let delete = tokio::spawn(async move { deleter.delete(&path).await });
     eventually(
         DEADLINE,
-        "the delete waiting for the claim's lock",
+        "the delete waiting for the claim's row lock",
         || async {
             let waiting: i64 = sqlx::query_scalar(
                 "SELECT COUNT(*) FROM pg_stat_activity \
-             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+             WHERE datname = current_database() AND $1 = ANY(pg_blocking_pids(pid))",
             )
+            .bind(peer_pid)
             .fetch_one(pool)
             .await
             .unwrap();

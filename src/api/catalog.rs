@@ -680,10 +680,11 @@ async fn delete_keeping_history(
     }
     if !archive {
         return match state.store().delete_without_history(scope, &uuids).await? {
-            HistoryDelete::Deleted(_) => {
+            HistoryDelete::Deleted => {
                 nudge(state);
                 Ok(StatusCode::NO_CONTENT.into_response())
             }
+            HistoryDelete::Gone(id) => Err(ApiError::not_found(what, id)),
             HistoryDelete::Refused { id, executions } => {
                 info!(%what, %id, executions, "🗄️ Delete refused: the {what} has execution history");
                 metrics::counter!(m::CATALOG_DELETES_REFUSED_TOTAL, "table" => spec.table)

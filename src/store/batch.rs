@@ -465,10 +465,7 @@ impl Failure {
         let (Failure::Group(error) | Failure::Item { error, .. }) = self else {
             return false;
         };
-        matches!(
-            error.sqlx_error(),
-            Some(sqlx::Error::Database(db)) if matches!(db.code().as_deref(), Some("40P01" | "40001"))
-        )
+        error.is_rollback_victim()
     }
 }
 

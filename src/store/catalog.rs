@@ -220,8 +220,11 @@ pub enum CatalogScope {
 /// What [`Store::delete_without_history`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HistoryDelete {
-    /// No history below: the rows are gone, with this many rows deleted.
-    Deleted(u64),
+    /// No history below: every row is gone.
+    Deleted,
+    /// The row `id` was deleted by someone else meanwhile; nothing was
+    /// deleted.
+    Gone(Uuid),
     /// The row `id` has executions below it; nothing was deleted.
     Refused { id: Uuid, executions: i64 },
 }
@@ -340,19 +343,72 @@ impl Store {
     /// everything below them) only if no execution lies below any of them;
     /// otherwise deletes nothing and names the first row with history.
     ///
-    /// The look and the delete are one transaction that holds the rows
-    /// against the engine: on SQLite it takes the write lock first; on
-    /// PostgreSQL it locks the rows and their branch rules, so a claim in
-    /// flight commits before the count (which then sees its execution) and
-    /// a later one skips the locked rule, and a branch rule cannot be added
-    /// below meanwhile (its foreign key waits for the parent's lock). A
-    /// count and then a separate delete let a claim land in between, whose
-    /// execution the cascade then erased.
+    /// A count and then a separate delete let a claim land in between,
+    /// whose execution the cascade then erased. So the delete counts again
+    /// in the transaction that deletes, holding the rows against the
+    /// engine: on SQLite it takes the write lock first; on PostgreSQL it
+    /// locks the rows and their branch rules, so a claim in flight commits
+    /// before the count (which then sees its execution) and a later one
+    /// skips the locked rule, and a branch rule cannot be added below
+    /// meanwhile (its foreign key waits for the parent's lock). A first
+    /// count without locks refuses the usual case, rows with history,
+    /// without taking a lock the engine would wait for.
     pub async fn delete_without_history(
         &self,
         scope: CatalogScope,
         ids: &[Uuid],
     ) -> Result<HistoryDelete, StoreError> {
+        for id in ids {
+            let executions = self.executions_under(scope, *id).await?;
+            if executions > 0 {
+                return Ok(HistoryDelete::Refused {
+                    id: *id,
+                    executions,
+                });
+            }
+        }
+        // Locks in one order whatever the request's, so two deletes do not
+        // wait for each other; the engine's batches lock rules in their own
+        // order, so PostgreSQL may still pick this one as a deadlock's
+        // victim, which rolled it back whole: it runs once more.
+        let mut ordered = ids.to_vec();
+        ordered.sort_unstable();
+        ordered.dedup();
+        match self.delete_locked(scope, &ordered).await {
+            Err(e) if e.is_rollback_victim() => self.delete_locked(scope, &ordered).await,
+            outcome => outcome,
+        }
+    }
+
+    /// How many executions (any state) lie below the catalog row `id`.
+    async fn executions_under(&self, scope: CatalogScope, id: Uuid) -> Result<i64, StoreError> {
+        let op = "count executions under a catalog row";
+        match self {
+            Store::Sqlite(pool) => {
+                sqlx::query_scalar(scope.count_sql())
+                    .bind(id_text(id))
+                    .fetch_one(pool)
+                    .await
+            }
+            Store::Postgres(pool) => {
+                sqlx::query_scalar(scope.count_sql())
+                    .bind(id_text(id))
+                    .fetch_one(pool)
+                    .await
+            }
+        }
+        .map_err(StoreError::query(op))
+    }
+
+    /// [`Store::delete_without_history`]'s transaction, over `ids` in
+    /// order.
+    async fn delete_locked(
+        &self,
+        scope: CatalogScope,
+        ids: &[Uuid],
+    ) -> Result<HistoryDelete, StoreError> {
+        // Returning drops the transaction, which rolls it back: nothing is
+        // deleted unless every row is.
         macro_rules! run {
             ($tx:expr, $locks:expr) => {{
                 let mut tx = $tx;
@@ -364,33 +420,35 @@ impl Store {
                             .await
                             .map_err(StoreError::query("lock a catalog row to delete"))?;
                     }
+                }
+                for id in ids {
                     let executions: i64 = sqlx::query_scalar(scope.count_sql())
                         .bind(id_text(*id))
                         .fetch_one(&mut *tx)
                         .await
                         .map_err(StoreError::query("count executions under a catalog row"))?;
                     if executions > 0 {
-                        // Dropping the transaction rolls it back: nothing
-                        // is deleted.
                         return Ok(HistoryDelete::Refused {
                             id: *id,
                             executions,
                         });
                     }
                 }
-                let mut deleted = 0;
                 for id in ids {
-                    deleted += execute_on!(
+                    let deleted = execute_on!(
                         &mut *tx,
                         "delete a catalog row",
                         scope.delete_sql(),
                         id_text(*id)
                     )?;
+                    if deleted == 0 {
+                        return Ok(HistoryDelete::Gone(*id));
+                    }
                 }
                 tx.commit()
                     .await
                     .map_err(StoreError::query("commit delete"))?;
-                Ok(HistoryDelete::Deleted(deleted))
+                Ok(HistoryDelete::Deleted)
             }};
         }
         match self {

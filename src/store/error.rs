@@ -107,6 +107,15 @@ impl StoreError {
         }
     }
 
+    /// PostgreSQL chose this transaction as a deadlock or serialization
+    /// victim and rolled all of it back: running it again is safe.
+    pub fn is_rollback_victim(&self) -> bool {
+        matches!(
+            self.sqlx_error(),
+            Some(sqlx::Error::Database(db)) if matches!(db.code().as_deref(), Some("40P01" | "40001"))
+        )
+    }
+
     /// The kind of constraint the database refused, if that is what happened.
     pub fn db_error_kind(&self) -> Option<ErrorKind> {
         match self.sqlx_error()? {
