@@ -229,39 +229,39 @@ pub enum HistoryDelete {
     Refused { id: Uuid, executions: i64 },
 }
 
+/// A statement over the branch rules below one catalog row of `$scope`,
+/// `$1` being its id: `$before`, the condition on `branch_rules`, then
+/// `$after`. The selection, the count and the lock share the one condition,
+/// so they cannot drift apart.
+macro_rules! below_sql {
+    ($scope:expr, $before:literal, $after:literal) => {
+        match $scope {
+            CatalogScope::Brand => concat!(
+                $before,
+                "branch_id IN (SELECT id FROM branches WHERE brand_id = $1) \
+                 OR rule_id IN (SELECT id FROM rules WHERE brand_id = $1)",
+                $after
+            ),
+            CatalogScope::Branch => concat!($before, "branch_id = $1", $after),
+            CatalogScope::Rule => concat!($before, "rule_id = $1", $after),
+            CatalogScope::BranchRule => concat!($before, "id = $1", $after),
+        }
+    };
+}
+
 impl CatalogScope {
     /// The branch rules below one row, `$1` being its id.
     fn branch_rules_sql(self) -> &'static str {
-        match self {
-            CatalogScope::Brand => {
-                "SELECT id FROM branch_rules \
-                 WHERE branch_id IN (SELECT id FROM branches WHERE brand_id = $1) \
-                 OR rule_id IN (SELECT id FROM rules WHERE brand_id = $1) ORDER BY id"
-            }
-            CatalogScope::Branch => "SELECT id FROM branch_rules WHERE branch_id = $1 ORDER BY id",
-            CatalogScope::Rule => "SELECT id FROM branch_rules WHERE rule_id = $1 ORDER BY id",
-            CatalogScope::BranchRule => "SELECT id FROM branch_rules WHERE id = $1",
-        }
+        below_sql!(self, "SELECT id FROM branch_rules WHERE ", " ORDER BY id")
     }
 
     fn count_sql(self) -> &'static str {
-        match self {
-            CatalogScope::Brand => {
-                "SELECT COUNT(*) FROM executions WHERE branch_rule_id IN \
-                 (SELECT id FROM branch_rules \
-                  WHERE branch_id IN (SELECT id FROM branches WHERE brand_id = $1) \
-                  OR rule_id IN (SELECT id FROM rules WHERE brand_id = $1))"
-            }
-            CatalogScope::Branch => {
-                "SELECT COUNT(*) FROM executions WHERE branch_rule_id IN \
-                 (SELECT id FROM branch_rules WHERE branch_id = $1)"
-            }
-            CatalogScope::Rule => {
-                "SELECT COUNT(*) FROM executions WHERE branch_rule_id IN \
-                 (SELECT id FROM branch_rules WHERE rule_id = $1)"
-            }
-            CatalogScope::BranchRule => "SELECT COUNT(*) FROM executions WHERE branch_rule_id = $1",
-        }
+        below_sql!(
+            self,
+            "SELECT COUNT(*) FROM executions WHERE branch_rule_id IN \
+             (SELECT id FROM branch_rules WHERE ",
+            ")"
+        )
     }
 
     /// PostgreSQL's row locks for a delete of the row `$1`: the row
@@ -269,26 +269,23 @@ impl CatalogScope {
     /// branch rules below them wait, their foreign keys needing a share
     /// lock), then the branch rules (a claim holds its rule's row until it
     /// commits its execution; later claims skip a locked rule).
-    fn postgres_lock_sql(self) -> &'static [&'static str] {
-        match self {
+    fn postgres_lock_sql(self) -> impl Iterator<Item = &'static str> {
+        let rows: &[&'static str] = match self {
             CatalogScope::Brand => &[
                 "SELECT id FROM brands WHERE id = $1 FOR UPDATE",
                 "SELECT id FROM branches WHERE brand_id = $1 ORDER BY id FOR UPDATE",
                 "SELECT id FROM rules WHERE brand_id = $1 ORDER BY id FOR UPDATE",
-                "SELECT id FROM branch_rules \
-                 WHERE branch_id IN (SELECT id FROM branches WHERE brand_id = $1) \
-                 OR rule_id IN (SELECT id FROM rules WHERE brand_id = $1) ORDER BY id FOR UPDATE",
             ],
-            CatalogScope::Branch => &[
-                "SELECT id FROM branches WHERE id = $1 FOR UPDATE",
-                "SELECT id FROM branch_rules WHERE branch_id = $1 ORDER BY id FOR UPDATE",
-            ],
-            CatalogScope::Rule => &[
-                "SELECT id FROM rules WHERE id = $1 FOR UPDATE",
-                "SELECT id FROM branch_rules WHERE rule_id = $1 ORDER BY id FOR UPDATE",
-            ],
-            CatalogScope::BranchRule => &["SELECT id FROM branch_rules WHERE id = $1 FOR UPDATE"],
-        }
+            CatalogScope::Branch => &["SELECT id FROM branches WHERE id = $1 FOR UPDATE"],
+            CatalogScope::Rule => &["SELECT id FROM rules WHERE id = $1 FOR UPDATE"],
+            CatalogScope::BranchRule => &[],
+        };
+        let branch_rules = below_sql!(
+            self,
+            "SELECT id FROM branch_rules WHERE ",
+            " ORDER BY id FOR UPDATE"
+        );
+        rows.iter().copied().chain([branch_rules])
     }
 
     fn delete_sql(self) -> &'static str {
@@ -414,7 +411,7 @@ impl Store {
                 let mut tx = $tx;
                 for id in ids {
                     for sql in $locks {
-                        sqlx::query(*sql)
+                        sqlx::query(sql)
                             .bind(id_text(*id))
                             .fetch_all(&mut *tx)
                             .await
@@ -454,7 +451,7 @@ impl Store {
         match self {
             Store::Sqlite(pool) => run!(
                 super::claims::begin_sqlite_write(pool, "begin delete").await?,
-                &[] as &[&str]
+                std::iter::empty::<&'static str>()
             ),
             Store::Postgres(pool) => run!(
                 pool.begin()
