@@ -49,6 +49,7 @@ pub const PARTITION_LEASES_HELD: &str = "ruled_partition_leases_held";
 pub const FAILOVERS_TOTAL: &str = "ruled_failovers_total";
 pub const PARTITION_LEASE_CHANGES_TOTAL: &str = "ruled_partition_lease_changes_total";
 pub const SELF_FENCES_TOTAL: &str = "ruled_self_fences_total";
+pub const STALE_LOCKS_TOTAL: &str = "ruled_stale_locks_total";
 
 // History kept (issue 12): catalog deletes that would erase executions.
 pub const CATALOG_ARCHIVED_TOTAL: &str = "ruled_catalog_archived_total";
@@ -106,6 +107,7 @@ pub const ALL: &[&str] = &[
     FAILOVERS_TOTAL,
     PARTITION_LEASE_CHANGES_TOTAL,
     SELF_FENCES_TOTAL,
+    STALE_LOCKS_TOTAL,
     CATALOG_ARCHIVED_TOTAL,
     CATALOG_DELETES_REFUSED_TOTAL,
 ];
@@ -297,6 +299,10 @@ pub fn describe_all() {
         "Times this instance could not renew its heartbeat within the lease TTL and stopped its own jobs."
     );
     describe_counter!(
+        STALE_LOCKS_TOTAL,
+        "Branch rule locks of other holders found stale (older than SCHEDULE_LOCK_TIMEOUT_SECONDS, or stamped further ahead than it): their rules are offered to claims again."
+    );
+    describe_counter!(
         CATALOG_ARCHIVED_TOTAL,
         "Brands, branches, rules and branch rules archived (?cascade=archive) with their history kept, by table."
     );
@@ -371,6 +377,7 @@ pub fn register_known_series() {
         counter!(OCCURRENCES_SKIPPED_TOTAL, "reason" => reason.as_str()).increment(0);
     }
     counter!(SELF_FENCES_TOTAL).increment(0);
+    counter!(STALE_LOCKS_TOTAL).increment(0);
     for table in ["brands", "branches", "rules", "branch_rules"] {
         counter!(CATALOG_ARCHIVED_TOTAL, "table" => table).increment(0);
         counter!(CATALOG_DELETES_REFUSED_TOTAL, "table" => table).increment(0);

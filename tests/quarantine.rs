@@ -545,3 +545,133 @@ both_backends!(
         store.close().await;
     }
 );
+
+both_backends!(
+    a_lock_no_live_holder_renews_is_taken_over_once_it_is_stale,
+    tokio::test(flavor = "multi_thread", worker_threads = 2),
+    |db: TestDb| async move {
+        const LOCK_TIMEOUT_MS: i64 = 6_000;
+        let store = db.store().await;
+        let due = now_ms() - 1_000;
+        let noop = || vec![step("noop", json!({}))];
+        // Locks no `instances` row stands behind, so no takeover of a
+        // silent instance ever reaches them: written with SQL, left by
+        // another deployment, restored from a backup.
+        let lock = |id: Uuid, holder: &str, lock_time: Option<i64>| {
+            let lock_time = lock_time.map_or("NULL".to_string(), |t| t.to_string());
+            format!(
+                "UPDATE branch_rules SET lock_holder = '{holder}', lock_time = {lock_time}, \
+                 lock_epoch = 7, is_currently_running = TRUE WHERE id = '{id}'"
+            )
+        };
+        // A pod that died long ago, with its attempt left running.
+        let crashed = insert_rule(&store, YEARLY, due, &noop()).await;
+        sql(
+            &store,
+            &lock(crashed, "pod-gone", Some(due - 10 * LOCK_TIMEOUT_MS)),
+        )
+        .await;
+        let left_open = Uuid::new_v4();
+        sql(&store, &format!(
+            "INSERT INTO executions (id, branch_rule_id, scheduled_for, status, attempt, owner, lock_epoch, \
+             requested_at, scheduled_at, started_at, created_at, updated_at) \
+             VALUES ('{left_open}', '{crashed}', {due}, 'running', 1, 'pod-gone', 7, {due}, {due}, {due}, {due}, {due})"
+        )).await;
+        // A lock stamped in the year 2100: honoured, it would hold the rule
+        // for 74 years.
+        let ahead = insert_rule(&store, YEARLY, due, &noop()).await;
+        sql(&store, &lock(ahead, "pod-ahead", Some(4_102_444_800_000))).await;
+        // A lock with no time at all.
+        let timeless = insert_rule(&store, YEARLY, due, &noop()).await;
+        sql(&store, &lock(timeless, "pod-timeless", None)).await;
+        // A lock taken a moment ago: live until the timeout has passed.
+        let fresh = insert_rule(&store, YEARLY, due, &noop()).await;
+        let fresh_at = now_ms();
+        sql(&store, &lock(fresh, "pod-busy", Some(fresh_at))).await;
+
+        let install = Install::with_database(&db.url);
+        let mut command = install.command(&["serve"]);
+        command
+            .env("MASTER_GRACE_PERIOD_SECONDS", "0")
+            .env("WORKER_STAGGER_SECONDS", "0")
+            .env("WORKER_COOLDOWN_SECONDS", "0")
+            .env(
+                "SCHEDULE_LOCK_TIMEOUT_SECONDS",
+                (LOCK_TIMEOUT_MS / 1_000).to_string(),
+            )
+            // The fresh lock turns stale without its row changing: only a
+            // full read sees it again.
+            .env("EXECUTION_PLAN_REFRESH_SECONDS", "1")
+            .env("PLAN_FULL_REFRESH_SECONDS", "2");
+        let mut server = install.spawn_logged(&mut command, "serve.log");
+        let base = format!("http://{}", listening_on(&install));
+        let client = common::api::client();
+
+        for id in [crashed, ahead, timeless, fresh] {
+            wait_for_execution(&store, id, ExecutionStatus::Completed, DEADLINE).await;
+        }
+        let log = install.log("serve.log");
+
+        // The dead pod's attempt is closed by the claim that took its lock
+        // over, and the occurrence ran again as the next attempt.
+        let runs = executions(&store, crashed).await;
+        let closed = runs.iter().find(|e| e.id == left_open).unwrap();
+        assert_eq!(closed.status, ExecutionStatus::Failed, "{runs:?}");
+        let reason = closed.error.clone().unwrap_or_default();
+        assert!(
+            reason.contains("lock_lost") && reason.contains("pod-gone"),
+            "{reason}"
+        );
+        let rerun = runs.iter().find(|e| e.id != left_open).unwrap();
+        assert_eq!((rerun.scheduled_for, rerun.attempt), (due, 2), "{runs:?}");
+
+        // The live lock was honoured until it was stale.
+        let run = &executions(&store, fresh).await[0];
+        assert!(
+            run.requested_at >= fresh_at + LOCK_TIMEOUT_MS,
+            "claimed {} ms after a lock live for {LOCK_TIMEOUT_MS} ms",
+            run.requested_at - fresh_at
+        );
+
+        // Each stale lock is named once, with its holder, and counted.
+        for (id, holder) in [
+            (crashed, "pod-gone"),
+            (ahead, "pod-ahead"),
+            (timeless, "pod-timeless"),
+            (fresh, "pod-busy"),
+        ] {
+            let named = log
+                .lines()
+                .filter(|l| l.contains(&format!("🔓 Branch rule {id}: the lock of {holder} ")))
+                .count();
+            assert_eq!(named, 1, "{holder}:\n{log}");
+            assert_eq!(
+                executions(&store, id)
+                    .await
+                    .iter()
+                    .filter(|e| e.status == ExecutionStatus::Completed)
+                    .count(),
+                1
+            );
+        }
+        let (_, metrics) = get(&client, &format!("{base}/metrics")).await;
+        assert_eq!(
+            metric_sample(&metrics, "ruled_stale_locks_total", &[]),
+            Some(4.0),
+            "{metrics}"
+        );
+        let released = store
+            .execute_sql(&format!(
+                "UPDATE branch_rules SET lock_epoch = lock_epoch WHERE id IN ('{crashed}', '{ahead}', '{timeless}', '{fresh}') \
+                 AND lock_holder IS NULL AND NOT is_currently_running"
+            ))
+            .await
+            .unwrap();
+        assert_eq!(released, 4, "every lock is released after its run");
+
+        signal(&server, libc::SIGTERM);
+        let status = wait_exit(&mut server);
+        assert_eq!(status.code(), Some(0), "{}", install.log("serve.log"));
+        store.close().await;
+    }
+);

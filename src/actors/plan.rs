@@ -18,9 +18,9 @@ use crate::metrics as m;
 use crate::model::{Millis, PlanScope};
 use crate::persist::read_plan_file;
 use crate::plan::{
-    ExecutionPlan, MergeOptions, MergeReport, PlanStats, QuarantineChange, browse, check_ready,
-    count_ready_owned, job_spec, merge, missed_windows, next_wake, next_wake_while_busy,
-    ready_owned, schedule_of,
+    ExecutionPlan, MergeOptions, MergeReport, PlanStats, QuarantineChange, StaleLock, browse,
+    check_ready, count_ready_owned, job_spec, merge, missed_windows, next_wake,
+    next_wake_while_busy, ready_owned, schedule_of,
 };
 use crate::schedule::ScheduleCache;
 
@@ -268,6 +268,14 @@ impl Actor for PlanActor {
                 let mut load = *load;
                 let change = state.plan.quarantine_bad_rows(&mut load, now);
                 log_quarantine(&change);
+                let timeout = state.config.schedule_lock_timeout;
+                let freed = state.plan.free_stale_locks(
+                    &mut load.data.branch_rules,
+                    &state.config.instance_id,
+                    now,
+                    timeout.as_millis() as Millis,
+                );
+                log_stale_locks(&freed, now, timeout);
                 let large = load.data.scope == PlanScope::Full
                     || load.data.branch_rules.len() >= LARGE_READ_ROWS;
                 let report = state.merge(load.data, now);
@@ -531,6 +539,36 @@ impl JournalState {
 
 fn format_time(ms: Option<Millis>) -> String {
     ms.map_or_else(|| "none".to_string(), |ms| millis_to_utc(ms).to_rfc3339())
+}
+
+/// One WARN per lock when the plan stops holding its rule as running (not
+/// one per refresh), counted.
+fn log_stale_locks(freed: &[StaleLock], now: Millis, timeout: Duration) {
+    for lock in freed {
+        metrics::counter!(m::STALE_LOCKS_TOTAL).increment(1);
+        let age = match lock.lock_time {
+            None => "has no lock_time".to_string(),
+            Some(at) if at > now => format!(
+                "is stamped {} s ahead ({})",
+                (at - now) / 1_000,
+                format_time(Some(at))
+            ),
+            Some(at) => format!(
+                "was last renewed {} s ago ({})",
+                (now - at) / 1_000,
+                format_time(Some(at))
+            ),
+        };
+        warn!(
+            branch_rule_id = %lock.branch_rule_id,
+            holder = %lock.holder,
+            "🔓 Branch rule {}: the lock of {} {age}, beyond SCHEDULE_LOCK_TIMEOUT_SECONDS ({} s); \
+             stale, so the rule is offered again and its claim takes the lock over",
+            lock.branch_rule_id,
+            lock.holder,
+            timeout.as_secs()
+        );
+    }
 }
 
 /// One WARN per row when it enters the quarantine (not one per refresh),

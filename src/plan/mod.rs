@@ -10,6 +10,7 @@ mod browse;
 mod decide;
 mod jobs;
 mod journal;
+mod locks;
 mod merge;
 mod next_run;
 mod quarantine;
@@ -41,6 +42,7 @@ pub use jobs::{
     JobSpec, JobStep, job_spec, job_steps, missed_windows, next_wake, next_wake_while_busy,
 };
 pub use journal::{JournalRead, PlanChanges, PlanDelta, parse_journal};
+pub use locks::{StaleLock, lock_is_stale};
 pub use merge::{MergeOptions, MergeReport, NextRunChange, merge};
 pub use next_run::{PlanError, local_next_run_time, schedule_of};
 pub use quarantine::{Quarantine, QuarantineChange, screen};

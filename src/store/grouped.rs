@@ -220,10 +220,36 @@ fn renew_sql(v: &str) -> String {
     )
 }
 
+/// A lock nobody stands behind (seed 001's stale-lock release): no time,
+/// not renewed for longer than the timeout, or stamped further ahead than
+/// the timeout (a bad row, a clock far off: honoured, it would hold the
+/// rule until that time). The plan reads a lock the same way
+/// (`plan::lock_is_stale`), so it offers exactly the rules a claim takes.
+macro_rules! lock_is_stale {
+    ($table:literal, $now:literal, $timeout:literal) => {
+        concat!(
+            "(",
+            $table,
+            "lock_time IS NULL OR ",
+            $table,
+            "lock_time < ",
+            $now,
+            " - ",
+            $timeout,
+            " OR ",
+            $table,
+            "lock_time > ",
+            $now,
+            " + ",
+            $timeout,
+            ")"
+        )
+    };
+}
+
 /// The claim of seed 001, plus the epoch that fences every later write:
-/// the rule is due (or run now) and runnable, and its lock free or older
-/// than the timeout. A lock without a time (operator SQL) counts as
-/// abandoned. Rows are taken in id order and, on PostgreSQL, rows another
+/// the rule is due (or run now) and runnable, and its lock free or stale
+/// ([`lock_is_stale!`]). Rows are taken in id order and, on PostgreSQL, rows another
 /// transaction holds are skipped rather than waited for. RETURNING gives
 /// the row after the claim (its due time, its new epoch) without a second
 /// read; `touch_branch_rule!` is what makes it exact on SQLite too. With
@@ -241,26 +267,28 @@ fn claim_sql(v: &str, row_lock: &str, previous_holder: bool) -> String {
          c AS (SELECT b.id AS cid{read_previous} FROM branch_rules b JOIN v ON b.id = v.br \
          WHERE b.is_active AND NOT b.is_archived AND NOT b.is_force_stopped \
          AND (v.run_now OR b.next_run_time <= v.now) \
-         AND (b.lock_holder IS NULL OR b.lock_time IS NULL OR b.lock_time < v.now - v.timeout) \
+         AND (b.lock_holder IS NULL OR {}) \
          ORDER BY b.id{row_lock}) \
          UPDATE branch_rules SET lock_holder = v.holder, lock_time = v.now, \
          lock_epoch = lock_epoch + 1, is_currently_running = TRUE, {} FROM v, c \
          WHERE branch_rules.id = c.cid AND v.br = c.cid \
          RETURNING {}{return_previous}",
+        lock_is_stale!("b.", "v.now", "v.timeout"),
         touch_branch_rule!("v.now"),
         branch_rule_columns!()
     )
 }
 
 /// The claims of a chunk that would take a lock from its holder (held,
-/// but older than the timeout): the taker closes what that holder left
+/// but stale): the taker closes what that holder left
 /// open. Rare, so a cheap look by primary key first, where the claim
 /// cannot say it itself.
 fn expired_locks_sql(v: &str) -> String {
     format!(
         "WITH v(br, now, timeout) AS ({v}) \
          SELECT b.id AS id, b.lock_holder AS previous_holder FROM branch_rules b JOIN v ON b.id = v.br \
-         WHERE b.lock_holder IS NOT NULL AND (b.lock_time IS NULL OR b.lock_time < v.now - v.timeout)",
+         WHERE b.lock_holder IS NOT NULL AND {}",
+        lock_is_stale!("b.", "v.now", "v.timeout")
     )
 }
 
@@ -353,12 +381,14 @@ pub(super) fn skipped_sql(v: &str) -> String {
 
 /// The master's misfire decision ([`SkipRequest`]): a compare-and-set of
 /// next_run_time on a branch rule with no retry pending and no live lock
-/// (free, or older than the timeout, as a claim sees it).
+/// (free, or stale, as a claim sees it).
 const SKIP_SQL: &str = concat!(
     "UPDATE branch_rules SET next_run_time = $3, ",
     touch_branch_rule!("$4"),
     " WHERE id = $1 AND next_run_time = $2 AND retry_of IS NULL \
-     AND (lock_holder IS NULL OR lock_time IS NULL OR lock_time < $4 - $5) RETURNING ",
+     AND (lock_holder IS NULL OR ",
+    lock_is_stale!("", "$4", "$5"),
+    ") RETURNING ",
     branch_rule_columns!()
 );
 
