@@ -10,8 +10,9 @@ use std::hint::black_box;
 use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::{Duration, Instant};
 
+use ruled::cluster::Ownership;
 use ruled::model::*;
-use ruled::plan::{ExecutionPlan, MergeOptions, merge, ready};
+use ruled::plan::{ExecutionPlan, MergeOptions, merge, ready, take_ready_owned};
 use ruled::schedule::TimeOfDay;
 use serde_json::json;
 use uuid::Uuid;
@@ -157,20 +158,47 @@ fn change_one_percent(data: &mut PlanData, round: i64) -> PlanData {
     }
 }
 
+/// [`plan_data`] with every workflow that is not ready turned into one due
+/// an hour ago but waiting for its operation window (19:30–20:00, closed
+/// at NOW in all three zones): a day of rules that only run at night. They
+/// sort before the ready ones, so a fetch meets all of them first.
+fn window_waiting_data(n: usize) -> PlanData {
+    let mut data = plan_data(n);
+    let from: TimeOfDay = "19:30".parse().unwrap();
+    let to: TimeOfDay = "20:00".parse().unwrap();
+    for (i, row) in data.branch_rules.iter_mut().enumerate() {
+        if i % (n / READY_COUNT) == 0 {
+            row.operation_time_from = None;
+            row.operation_time_to = None;
+        } else {
+            row.next_run_time = Some(NOW - 3_600_000 - (i as Millis % 60_000));
+            row.operation_time_from = Some(from);
+            row.operation_time_to = Some(to);
+        }
+    }
+    data
+}
+
+/// The median of `rounds` runs of the ready query (cap 500) at NOW.
+fn timed_ready(plan: &ExecutionPlan, rounds: usize) -> Duration {
+    let zone = chrono_tz::Asia::Riyadh;
+    let samples = (0..rounds)
+        .map(|_| {
+            let started = Instant::now();
+            black_box(ready(black_box(plan), NOW, 500, zone));
+            started.elapsed()
+        })
+        .collect();
+    median(samples)
+}
+
 fn median(mut samples: Vec<Duration>) -> Duration {
     samples.sort();
     samples[samples.len() / 2]
 }
 
 fn main() {
-    let sizes: Vec<usize> = std::env::var("RULED_BENCH_SIZES")
-        .ok()
-        .map(|s| {
-            s.split(',')
-                .map(|n| n.trim().parse().expect("a size"))
-                .collect()
-        })
-        .unwrap_or_else(|| vec![10_000, 100_000, 1_000_000]);
+    let sizes = sizes_from("RULED_BENCH_SIZES", &[10_000, 100_000, 1_000_000]);
     let zone = chrono_tz::Asia::Riyadh;
     println!(
         "| workflows | ready set | ready query (median) | incremental merge, 1% changed (median) | per changed workflow | full-refresh merge, 1% changed | memory per workflow |"
@@ -184,13 +212,7 @@ fn main() {
         let plan_bytes = LIVE_BYTES.load(Ordering::Relaxed) - before;
 
         let ready_set = ready(&plan, NOW, 500, zone);
-        let ready_samples: Vec<Duration> = (0..200)
-            .map(|_| {
-                let started = Instant::now();
-                black_box(ready(black_box(&plan), NOW, 500, zone));
-                started.elapsed()
-            })
-            .collect();
+        let ready_time = timed_ready(&plan, 200);
 
         let options = MergeOptions::default();
         let mut merge_samples = Vec::new();
@@ -217,11 +239,59 @@ fn main() {
         println!(
             "| {n} | {} | {:.3} ms | {:.2} ms | {:.2} µs | {:.0} ms | {} B |",
             ready_set.len(),
-            median(ready_samples).as_secs_f64() * 1e3,
+            ready_time.as_secs_f64() * 1e3,
             merge_time.as_secs_f64() * 1e3,
             merge_time.as_secs_f64() * 1e6 / changed_count as f64,
             full_time.as_secs_f64() * 1e3,
             plan_bytes / n as isize,
         );
     }
+
+    println!();
+    println!(
+        "| workflows waiting for their window | ready set | fetch of 500, every waiting rule checked (`ready`, median) | the service's fetch (`take_ready_owned`): first, which parks them | then (median) |"
+    );
+    println!("|---:|---:|---:|---:|---:|");
+    for n in sizes_from("RULED_BENCH_WAITING_SIZES", &[10_000, 100_000]) {
+        let mut plan = ExecutionPlan::from_data(window_waiting_data(n));
+        let ready_set = ready(&plan, NOW, 500, zone);
+        let checked = timed_ready(&plan, 20);
+        let started = Instant::now();
+        let first = take_ready_owned(&mut plan, NOW, 500, zone, &Ownership::All);
+        let parking = started.elapsed();
+        assert_eq!(first, ready_set, "parking changes no answer");
+        let parked: Vec<Duration> = (0..200)
+            .map(|_| {
+                let started = Instant::now();
+                black_box(take_ready_owned(
+                    black_box(&mut plan),
+                    NOW,
+                    500,
+                    zone,
+                    &Ownership::All,
+                ));
+                started.elapsed()
+            })
+            .collect();
+        println!(
+            "| {} | {} | {:.3} ms | {:.3} ms | {:.3} ms |",
+            n - READY_COUNT,
+            ready_set.len(),
+            checked.as_secs_f64() * 1e3,
+            parking.as_secs_f64() * 1e3,
+            median(parked).as_secs_f64() * 1e3,
+        );
+    }
+}
+
+/// The sizes listed in the variable `name` (comma-separated), or `default`.
+fn sizes_from(name: &str, default: &[usize]) -> Vec<usize> {
+    std::env::var(name).ok().map_or_else(
+        || default.to_vec(),
+        |s| {
+            s.split(',')
+                .map(|n| n.trim().parse().expect("a size"))
+                .collect()
+        },
+    )
 }

@@ -1729,3 +1729,82 @@ both_backends!(
         store.close().await;
     }
 );
+
+both_backends!(
+    rules_waiting_for_their_window_start_when_it_opens_while_others_run,
+    tokio::test(flavor = "multi_thread", worker_threads = 2),
+    |db: TestDb| async move {
+        let store = db.store().await;
+        let opens = utc("2026-06-01T22:00:00Z");
+        let start = opens - 15_000;
+        let options = |window: Option<(&str, &str)>| RuleOptions {
+            window: window.map(|(from, to)| (from.to_string(), to.to_string())),
+            now: Some(start - MINUTE),
+            ..RuleOptions::default()
+        };
+        let noop = || vec![step("noop", json!({}))];
+        // Due at 21:00, held by their 22:00–23:00 window: the fetches that
+        // hand out the ready rules below find them waiting and park them
+        // at the opening.
+        let mut waiting = Vec::new();
+        for _ in 0..20 {
+            let window = options(Some(("22:00", "23:00")));
+            waiting.push(
+                insert_rule_with(&store, YEARLY, opens - 60 * MINUTE, &noop(), &window).await,
+            );
+        }
+        let mut ready = Vec::new();
+        for _ in 0..20 {
+            ready.push(
+                insert_rule_with(&store, YEARLY, start - 1_000, &noop(), &options(None)).await,
+            );
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let clock = Clock::starting_at(start);
+        let service = start_service_on_clock(&db.url, dir.path(), clock, without_delays).await;
+        for id in &ready {
+            wait_for_execution(
+                &store,
+                *id,
+                ExecutionStatus::Completed,
+                Duration::from_secs(30),
+            )
+            .await;
+        }
+        assert!(
+            clock.now_ms() < opens,
+            "the test needs the ready rules done before 22:00"
+        );
+        for id in &waiting {
+            assert!(
+                store.executions_for(*id).await.unwrap().is_empty(),
+                "{id} ran outside its window"
+            );
+        }
+        // Parked, they are out of the ready set until the opening, where
+        // the master's wake finds them.
+        assert!(common::service::ready_ids(&service).await.is_empty());
+        for id in &waiting {
+            wait_for_execution(
+                &store,
+                *id,
+                ExecutionStatus::Completed,
+                Duration::from_secs(60),
+            )
+            .await;
+        }
+        for id in &waiting {
+            let runs = store.executions_for(*id).await.unwrap();
+            assert_eq!(runs.len(), 1, "{}", describe(&runs));
+            assert_eq!(runs[0].scheduled_for, opens - 60 * MINUTE);
+            // On time: the master woke at the opening, not at some later
+            // refresh (one minute at most, for a slow CI host).
+            assert!(
+                (opens..opens + MINUTE).contains(&runs[0].requested_at),
+                "requested {} ms after the opening",
+                runs[0].requested_at - opens
+            );
+        }
+        service.shutdown("SIGTERM").await.unwrap();
+    }
+);

@@ -55,13 +55,19 @@ async fn executions(store: &Store, id: Uuid) -> Vec<Execution> {
     store.executions_for(id).await.unwrap()
 }
 
-fn serve(install: &Install) -> Child {
-    let log = std::fs::File::create(install.path("serve.log")).unwrap();
-    install
-        .command(&["serve"])
+/// `ruled serve` with no start-up delays and no rest between jobs.
+fn serve_command(install: &Install) -> std::process::Command {
+    let mut command = install.command(&["serve"]);
+    command
         .env("MASTER_GRACE_PERIOD_SECONDS", "0")
         .env("WORKER_STAGGER_SECONDS", "0")
-        .env("WORKER_COOLDOWN_SECONDS", "0")
+        .env("WORKER_COOLDOWN_SECONDS", "0");
+    command
+}
+
+fn serve(install: &Install) -> Child {
+    let log = std::fs::File::create(install.path("serve.log")).unwrap();
+    serve_command(install)
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
@@ -417,11 +423,8 @@ both_backends!(
             insert_rule(&store, YEARLY, due, &[step("sleep", json!({"ms": 3000}))]).await;
 
         let install = Install::with_database(&db.url);
-        let mut command = install.command(&["serve"]);
+        let mut command = serve_command(&install);
         command
-            .env("MASTER_GRACE_PERIOD_SECONDS", "0")
-            .env("WORKER_STAGGER_SECONDS", "0")
-            .env("WORKER_COOLDOWN_SECONDS", "0")
             // Only the incremental refreshes may bring what changes below.
             .env("PLAN_FULL_REFRESH_SECONDS", "3600");
         let mut server = install.spawn_logged(&mut command, "serve.log");
@@ -590,11 +593,8 @@ both_backends!(
         sql(&store, &lock(fresh, "pod-busy", Some(fresh_at))).await;
 
         let install = Install::with_database(&db.url);
-        let mut command = install.command(&["serve"]);
+        let mut command = serve_command(&install);
         command
-            .env("MASTER_GRACE_PERIOD_SECONDS", "0")
-            .env("WORKER_STAGGER_SECONDS", "0")
-            .env("WORKER_COOLDOWN_SECONDS", "0")
             .env(
                 "SCHEDULE_LOCK_TIMEOUT_SECONDS",
                 (LOCK_TIMEOUT_MS / 1_000).to_string(),

@@ -19,8 +19,8 @@ use crate::model::{Millis, PlanScope};
 use crate::persist::read_plan_file;
 use crate::plan::{
     ExecutionPlan, MergeOptions, MergeReport, PlanStats, QuarantineChange, StaleLock, browse,
-    check_ready, count_ready_owned, job_spec, merge, missed_windows, next_wake,
-    next_wake_while_busy, ready_owned, schedule_of,
+    check_ready, job_spec, merge, missed_windows, next_wake, next_wake_while_busy, schedule_of,
+    take_ready_owned,
 };
 use crate::schedule::ScheduleCache;
 
@@ -97,7 +97,7 @@ impl Actor for PlanActor {
         if let Some(refresher) = args.directory.refresher() {
             let _ = refresher.cast(RefresherMsg::RefreshNow);
         }
-        let state = PlanState {
+        let mut state = PlanState {
             plan,
             config: args.config,
             clock: args.clock,
@@ -135,8 +135,7 @@ impl Actor for PlanActor {
                 let _ = reply.send(state.ready_now(now));
             }
             PlanMsg::ReadyJobs { limit, reply } => {
-                let config = &state.config;
-                let zone = config.default_timezone;
+                let zone = state.config.default_timezone;
                 // At least one, so an empty answer still tells a busy plan
                 // from an idle one (and picks the next wake accordingly).
                 let ready = state.ready_up_to(now, limit.max(1));
@@ -337,7 +336,7 @@ impl Actor for PlanActor {
 
 impl PlanState {
     /// This instance's ready set, at most MAX_RUNS_PER_TICK, in due order.
-    fn ready_now(&self, now: Millis) -> Vec<uuid::Uuid> {
+    fn ready_now(&mut self, now: Millis) -> Vec<uuid::Uuid> {
         self.ready_up_to(now, usize::MAX)
     }
 
@@ -345,10 +344,10 @@ impl PlanState {
     /// The walk stops there: a fetch in a burst of 100,000 due rules costs
     /// what the master can claim, not the tick's cap of ready checks (6% of
     /// a 10-worker drain's samples went to checks whose rules were dropped).
-    fn ready_up_to(&self, now: Millis, limit: usize) -> Vec<uuid::Uuid> {
+    fn ready_up_to(&mut self, now: Millis, limit: usize) -> Vec<uuid::Uuid> {
         let config = &self.config;
-        ready_owned(
-            &self.plan,
+        take_ready_owned(
+            &mut self.plan,
             now,
             limit.min(config.max_runs_per_tick),
             config.default_timezone,
@@ -382,17 +381,27 @@ impl PlanState {
     /// The ready and missed-window gauges, at start and after each merge
     /// (the master's fetches also set the ready gauge). Both walk only the
     /// due part of the index.
-    fn publish_readiness(&self, now: Millis) -> Readiness {
+    fn publish_readiness(&mut self, now: Millis) -> Readiness {
         let readiness = self.readiness(now);
         metrics::gauge!(m::PLAN_READY_WORKFLOWS).set(readiness.ready as f64);
         metrics::gauge!(m::PLAN_MISSED_WINDOW_WORKFLOWS).set(readiness.missed_window as f64);
         readiness
     }
 
-    fn readiness(&self, now: Millis) -> Readiness {
+    fn readiness(&mut self, now: Millis) -> Readiness {
         let config = &self.config;
+        // The count parks what waits for its window, so the missed-window
+        // walk after it passes over those too.
+        let ready = take_ready_owned(
+            &mut self.plan,
+            now,
+            usize::MAX,
+            config.default_timezone,
+            &self.ownership,
+        )
+        .len();
         Readiness {
-            ready: count_ready_owned(&self.plan, now, config.default_timezone, &self.ownership),
+            ready,
             missed_window: missed_windows(
                 &self.plan,
                 now,

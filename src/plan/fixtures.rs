@@ -7,6 +7,7 @@ use uuid::Uuid;
 use super::ExecutionPlan;
 use crate::model::*;
 
+#[derive(Clone)]
 pub struct Fixture {
     pub brand: Brand,
     pub branch: Branch,

@@ -163,15 +163,28 @@ pub fn missed_windows(
             else {
                 return false;
             };
-            workflow
-                .branch_rule
-                .next_run_time
-                .is_some_and(|due| window_opening(plan, workflow, window, due, default_zone) < now)
+            missed_since_due(plan, workflow, window, now, default_zone)
         })
         .count()
+        + plan.parked_missed(now, ownership)
 }
 
-fn window_opening(
+/// Whether the window of a workflow waiting for it opened at some moment
+/// since its next_run_time (and is closed at `now`).
+pub(super) fn missed_since_due(
+    plan: &ExecutionPlan,
+    workflow: &super::Workflow,
+    window: Window,
+    now: Millis,
+    default_zone: Tz,
+) -> bool {
+    workflow
+        .branch_rule
+        .next_run_time
+        .is_some_and(|due| window_opening(plan, workflow, window, due, default_zone) < now)
+}
+
+pub(super) fn window_opening(
     plan: &ExecutionPlan,
     workflow: &super::Workflow,
     window: Window,
@@ -337,6 +350,7 @@ mod tests {
 
     #[test]
     fn a_rule_missed_its_window_when_the_window_opened_and_closed_since_it_was_due() {
+        use crate::plan::take_ready_owned;
         use crate::schedule::TimeOfDay;
         use chrono::TimeZone;
         let at = |day: u32, h: u32, mi: u32| {
@@ -422,6 +436,14 @@ mod tests {
                 missed_windows(&plan, now, chrono_tz::UTC, &Ownership::All),
                 expected,
                 "{name}"
+            );
+            // Parked by a fetch, a waiting rule still counts as it did.
+            let mut parked = plan.clone();
+            take_ready_owned(&mut parked, now, 500, chrono_tz::UTC, &Ownership::All);
+            assert_eq!(
+                missed_windows(&parked, now, chrono_tz::UTC, &Ownership::All),
+                expected,
+                "{name}, parked"
             );
         }
 

@@ -161,8 +161,15 @@ pub fn merge(
         }
 
         let indexed_after = indexed_time(&plan.rules, local);
-        if indexed_before != indexed_after {
-            plan.reindex(id, indexed_before, indexed_after);
+        // A changed row waits at its indexed time again, parked or not; an
+        // unchanged one stays where it is.
+        let entry = if changed {
+            plan.unpark(id, indexed_before)
+        } else {
+            indexed_before
+        };
+        if entry != indexed_after {
+            plan.reindex(id, entry, indexed_after);
         }
         if changed {
             plan.note_changed(id);

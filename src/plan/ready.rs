@@ -7,6 +7,7 @@ use chrono_tz::Tz;
 use serde::Serialize;
 use uuid::Uuid;
 
+use super::jobs::{missed_since_due, window_opening};
 use super::resolve::resolve_zone;
 use super::{ExecutionPlan, Workflow, quarantine};
 use crate::clock::millis_to_utc;
@@ -260,6 +261,45 @@ pub fn ready_owned(
         .collect()
 }
 
+/// [`ready_owned`] for the plan's owner, which parks every due workflow
+/// it finds waiting for its operation window at that window's next
+/// opening: later walks pass over it until then (see `ExecutionPlan`'s
+/// `parked`), where every fetch used to check it again.
+pub fn take_ready_owned(
+    plan: &mut ExecutionPlan,
+    now: Millis,
+    cap: usize,
+    default_zone: Tz,
+    ownership: &Ownership,
+) -> Vec<Uuid> {
+    let mut ready = Vec::new();
+    let mut waiting = Vec::new();
+    for id in plan.due_ids(now) {
+        if ready.len() >= cap {
+            break;
+        }
+        if !ownership.owns(&id) {
+            continue;
+        }
+        let Some(workflow) = plan.get(&id) else {
+            continue;
+        };
+        match check_ready(plan, workflow, now, default_zone) {
+            Ok(()) => ready.push(id),
+            Err(NotReady::OutsideWindow { window, .. }) => waiting.push((
+                id,
+                window_opening(plan, workflow, window, now, default_zone),
+                missed_since_due(plan, workflow, window, now, default_zone),
+            )),
+            Err(_) => {}
+        }
+    }
+    for (id, opening, missed) in waiting {
+        plan.park(id, opening, missed);
+    }
+    ready
+}
+
 /// How many rules [`ready_owned`] would return with no cap: the backlog
 /// the workers have yet to start.
 pub fn count_ready_owned(
@@ -369,6 +409,68 @@ mod tests {
             let plan = fixture.plan();
             assert!(ready(&plan, NOW, 500, RIYADH).is_empty(), "{criterion}");
         }
+    }
+
+    /// A fixture due a minute before NOW whose window opens in two hours
+    /// (UTC), and that opening.
+    fn waiting_for_its_window() -> (Fixture, Millis) {
+        use crate::schedule::{TimeOfDay, local_time_of_day};
+        let mut fixture = Fixture::due(NOW - 60_000);
+        let local = local_time_of_day(chrono_tz::UTC, millis_to_utc(NOW));
+        fixture.branch_rule.operation_time_from =
+            Some(TimeOfDay::new((local.hour() + 2) % 24, 0).unwrap());
+        fixture.branch_rule.operation_time_to =
+            Some(TimeOfDay::new((local.hour() + 3) % 24, 0).unwrap());
+        let opening = NOW - NOW % 3_600_000 + 2 * 3_600_000;
+        (fixture, opening)
+    }
+
+    #[test]
+    fn a_rule_waiting_for_its_window_is_parked_until_it_opens() {
+        let utc = chrono_tz::UTC;
+        let all = &Ownership::All;
+        let (fixture, opening) = waiting_for_its_window();
+        let id = fixture.workflow_id;
+        let mut plan = fixture.plan();
+        assert_eq!(plan.due_ids(NOW).count(), 1);
+        assert!(take_ready_owned(&mut plan, NOW, 500, utc, all).is_empty());
+        // Out of the due part of the index: later walks pass it by.
+        assert_eq!(plan.due_ids(NOW).count(), 0);
+        assert_eq!(plan.due_ids(opening - 1).count(), 0);
+        assert_eq!(crate::plan::next_wake(&plan, NOW, utc, all), Some(opening));
+        assert_eq!(take_ready_owned(&mut plan, opening, 500, utc, all), [id]);
+
+        // A change of the row puts it back at its due time.
+        let mut plan = fixture.plan();
+        take_ready_owned(&mut plan, NOW, 500, utc, all);
+        plan.update(&id, |w| w.branch_rule.operation_time_from = None);
+        assert_eq!(take_ready_owned(&mut plan, NOW, 500, utc, all), [id]);
+
+        // So does a refresh that changed it, while an unchanged one keeps
+        // it parked.
+        let mut plan = fixture.plan();
+        take_ready_owned(&mut plan, NOW, 500, utc, all);
+        crate::plan::merge(&mut plan, fixture.data(), NOW, Default::default());
+        assert_eq!(plan.due_ids(NOW).count(), 0, "unchanged: still parked");
+        let mut changed = fixture.clone();
+        changed.branch_rule.operation_time_to = None;
+        changed.branch_rule.operation_time_from = None;
+        crate::plan::merge(&mut plan, changed.data(), NOW, Default::default());
+        assert_eq!(take_ready_owned(&mut plan, NOW, 500, utc, all), [id]);
+
+        // A branch's zone may move every window: all go back.
+        let mut plan = fixture.plan();
+        take_ready_owned(&mut plan, NOW, 500, utc, all);
+        let mut moved = fixture.clone();
+        moved.branch.timezone = Some("Asia/Tokyo".into());
+        crate::plan::merge(&mut plan, moved.data(), NOW, Default::default());
+        assert_eq!(plan.due_ids(NOW).count(), 1);
+
+        // Removed while parked: no entry left behind.
+        let mut plan = fixture.plan();
+        take_ready_owned(&mut plan, NOW, 500, utc, all);
+        plan.remove(&id);
+        assert_eq!(plan.earliest_due(), None);
     }
 
     fn window_case(
