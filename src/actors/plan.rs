@@ -273,6 +273,7 @@ impl Actor for PlanActor {
                     &state.config.instance_id,
                     now,
                     timeout.as_millis() as Millis,
+                    !state.merged_once,
                 );
                 log_stale_locks(&freed, now, timeout);
                 let large = load.data.scope == PlanScope::Full

@@ -36,13 +36,16 @@ impl ExecutionPlan {
     /// Clears the running flag of every row in `rows` (a refresh's read)
     /// whose lock is another holder's and stale at `now`. Returns the ones
     /// the plan held as running until now, to be logged once; a row the
-    /// plan already offers again is not reported on each refresh.
+    /// plan already offers again is not reported on each refresh. The first
+    /// read after a start reports them all: the plan's own flags were reset
+    /// (crash recovery), so they tell nothing.
     pub fn free_stale_locks(
         &self,
         rows: &mut [BranchRule],
         me: &str,
         now: Millis,
         timeout_ms: Millis,
+        first_read: bool,
     ) -> Vec<StaleLock> {
         let mut freed = Vec::new();
         for row in rows.iter_mut().filter(|row| row.is_currently_running) {
@@ -59,7 +62,7 @@ impl ExecutionPlan {
                 continue;
             }
             row.is_currently_running = false;
-            if local.is_none_or(|w| w.branch_rule.is_currently_running) {
+            if first_read || local.is_none_or(|w| w.branch_rule.is_currently_running) {
                 freed.push(StaleLock {
                     branch_rule_id: row.id,
                     holder: holder.to_string(),
@@ -107,7 +110,7 @@ mod tests {
             locked("pod-live", Some(NOW - 1_000)),
             locked("me", Some(NOW - 10 * TIMEOUT)),
         ];
-        let freed = plan.free_stale_locks(&mut rows, "me", NOW, TIMEOUT);
+        let freed = plan.free_stale_locks(&mut rows, "me", NOW, TIMEOUT, false);
         let holders: Vec<&str> = freed.iter().map(|f| f.holder.as_str()).collect();
         assert_eq!(holders, ["pod-gone", "pod-ahead", "pod-without-time"]);
         let running: Vec<bool> = rows.iter().map(|r| r.is_currently_running).collect();
@@ -121,10 +124,15 @@ mod tests {
         offered.is_currently_running = false;
         plan.insert(crate::plan::Workflow::new(offered));
         assert!(
-            plan.free_stale_locks(&mut again, "me", NOW, TIMEOUT)
+            plan.free_stale_locks(&mut again, "me", NOW, TIMEOUT, false)
                 .is_empty()
         );
         assert!(!again[0].is_currently_running);
+        // After a start the plan's own flags were reset: the first read
+        // names every stale lock again.
+        again[0].is_currently_running = true;
+        let freed = plan.free_stale_locks(&mut again, "me", NOW, TIMEOUT, true);
+        assert_eq!(freed.len(), 1);
     }
 
     #[test]
@@ -136,7 +144,7 @@ mod tests {
         plan.insert(workflow);
         let mut rows = vec![row];
         assert!(
-            plan.free_stale_locks(&mut rows, "me", NOW, TIMEOUT)
+            plan.free_stale_locks(&mut rows, "me", NOW, TIMEOUT, true)
                 .is_empty()
         );
         assert!(rows[0].is_currently_running);

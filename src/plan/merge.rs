@@ -127,6 +127,12 @@ pub fn merge(
             continue;
         };
         let indexed_before = indexed_time(&plan.rules, local);
+        // Where its entry sits: its indexed time, or the window opening it
+        // is parked at.
+        let entry_before = plan
+            .parked
+            .get(&id)
+            .map_or(indexed_before, |parked| Some(parked.until));
         local.seen_generation = generation;
         let reappeared = local.missing_since.take().is_some();
         plan.missing -= reappeared as usize;
@@ -163,13 +169,14 @@ pub fn merge(
         let indexed_after = indexed_time(&plan.rules, local);
         // A changed row waits at its indexed time again, parked or not; an
         // unchanged one stays where it is.
-        let entry = if changed {
-            plan.unpark(id, indexed_before)
+        let entry_after = if !changed && indexed_after == indexed_before {
+            entry_before
         } else {
-            indexed_before
+            plan.parked.remove(&id);
+            indexed_after
         };
-        if entry != indexed_after {
-            plan.reindex(id, entry, indexed_after);
+        if entry_before != entry_after {
+            plan.reindex(id, entry_before, entry_after);
         }
         if changed {
             plan.note_changed(id);

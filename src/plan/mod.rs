@@ -554,15 +554,6 @@ impl ExecutionPlan {
             .count()
     }
 
-    /// Takes a workflow's parking off before its entry is moved to its
-    /// indexed time: returns where the entry sits now.
-    pub(crate) fn unpark(&mut self, id: Uuid, indexed: Option<Millis>) -> Option<Millis> {
-        match self.parked.remove(&id) {
-            Some(parked) => Some(parked.until),
-            None => indexed,
-        }
-    }
-
     /// Moves a workflow's due-index entry after its indexed time changed.
     pub(crate) fn reindex(&mut self, id: Uuid, before: Option<Millis>, after: Option<Millis>) {
         if let Some(at) = before {
@@ -711,7 +702,9 @@ impl ExecutionPlan {
     pub fn stats(&self, now: Millis) -> PlanStats {
         let mut stats = PlanStats {
             workflows: self.workflows.len(),
-            due: self.due_index.range(..=(now, Uuid::max())).count(),
+            // A parked workflow is due, only waiting for its window.
+            due: self.due_index.range(..=(now, Uuid::max())).count()
+                + self.parked.values().filter(|p| p.until > now).count(),
             branches: self.branches.len(),
             rules: self.rules.len(),
             brands: self.brands.len(),
