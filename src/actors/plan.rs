@@ -210,6 +210,12 @@ impl Actor for PlanActor {
             }
             PlanMsg::PostProcessed(row) => {
                 let id = row.id;
+                // A misfire skip leaves a stale lock where it found it: the
+                // plan keeps offering the rule, as it did before the skip.
+                let mut rows = [row];
+                let freed = state.free_stale_locks(&mut rows, now, false);
+                log_stale_locks(&freed, now, state.config.schedule_lock_timeout);
+                let [row] = rows;
                 state.plan.apply_post_process(row, now);
                 info!(branch_rule_id = %id, "✅ Updated execution plan: workflow {id}");
                 state.mark_dirty(&myself);
@@ -267,15 +273,9 @@ impl Actor for PlanActor {
                 let mut load = *load;
                 let change = state.plan.quarantine_bad_rows(&mut load, now);
                 log_quarantine(&change);
-                let timeout = state.config.schedule_lock_timeout;
-                let freed = state.plan.free_stale_locks(
-                    &mut load.data.branch_rules,
-                    &state.config.instance_id,
-                    now,
-                    timeout.as_millis() as Millis,
-                    !state.merged_once,
-                );
-                log_stale_locks(&freed, now, timeout);
+                let first_read = !state.merged_once;
+                let freed = state.free_stale_locks(&mut load.data.branch_rules, now, first_read);
+                log_stale_locks(&freed, now, state.config.schedule_lock_timeout);
                 let large = load.data.scope == PlanScope::Full
                     || load.data.branch_rules.len() >= LARGE_READ_ROWS;
                 let report = state.merge(load.data, now);
@@ -336,6 +336,24 @@ impl Actor for PlanActor {
 }
 
 impl PlanState {
+    /// [`ExecutionPlan::free_stale_locks`] with this instance's id and
+    /// SCHEDULE_LOCK_TIMEOUT_SECONDS.
+    fn free_stale_locks(
+        &self,
+        rows: &mut [crate::model::BranchRule],
+        now: Millis,
+        first_read: bool,
+    ) -> Vec<StaleLock> {
+        let config = &self.config;
+        self.plan.free_stale_locks(
+            rows,
+            &config.instance_id,
+            now,
+            config.schedule_lock_timeout.as_millis() as Millis,
+            first_read,
+        )
+    }
+
     /// This instance's ready set, at most MAX_RUNS_PER_TICK, in due order.
     fn ready_now(&mut self, now: Millis) -> Vec<uuid::Uuid> {
         self.ready_up_to(now, usize::MAX)

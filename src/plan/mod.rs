@@ -196,8 +196,10 @@ pub struct ExecutionPlan {
     /// otherwise be walked past, and their zones and windows computed, on
     /// every fetch (122 ms a fetch with 100,000 of them). Any change of the
     /// workflow, of the branches (their zones) or of the start offsets puts
-    /// it back at its indexed time. Never saved: a new plan walks again.
-    parked: HashMap<Uuid, Parked>,
+    /// it back at its indexed time, and so does the opening itself: from
+    /// then on it keeps its place in due order. Never saved: a new plan
+    /// walks again.
+    parked: ParkedSet,
 }
 
 /// Where a parked workflow sits in the due index, and whether its window
@@ -206,6 +208,50 @@ pub struct ExecutionPlan {
 struct Parked {
     until: Millis,
     missed: bool,
+}
+
+/// The parked workflows, by id and by window opening: the ones whose
+/// window has opened are found without a walk over the rest.
+#[derive(Debug, Clone, Default)]
+struct ParkedSet {
+    by_id: HashMap<Uuid, Parked>,
+    by_opening: BTreeSet<(Millis, Uuid)>,
+}
+
+impl ParkedSet {
+    fn get(&self, id: &Uuid) -> Option<&Parked> {
+        self.by_id.get(id)
+    }
+
+    fn insert(&mut self, id: Uuid, parked: Parked) {
+        if let Some(old) = self.by_id.insert(id, parked) {
+            self.by_opening.remove(&(old.until, id));
+        }
+        self.by_opening.insert((parked.until, id));
+    }
+
+    fn remove(&mut self, id: &Uuid) -> Option<Parked> {
+        let parked = self.by_id.remove(id)?;
+        self.by_opening.remove(&(parked.until, *id));
+        Some(parked)
+    }
+
+    fn take(&mut self) -> HashMap<Uuid, Parked> {
+        self.by_opening.clear();
+        std::mem::take(&mut self.by_id)
+    }
+
+    fn values(&self) -> impl Iterator<Item = (&Uuid, &Parked)> {
+        self.by_id.iter()
+    }
+
+    /// The ids whose window opened at or before `now`.
+    fn opened(&self, now: Millis) -> Vec<Uuid> {
+        self.by_opening
+            .range(..=(now, Uuid::max()))
+            .map(|&(_, id)| id)
+            .collect()
+    }
 }
 
 fn by_id<T>(items: Vec<T>, id: impl Fn(&T) -> Uuid) -> HashMap<Uuid, T> {
@@ -347,7 +393,7 @@ impl ExecutionPlan {
     /// which moves all its branch rules. Rare (a policy edit), so a full
     /// rebuild rather than tracking which workflows belong to which rule.
     fn rebuild_due_index(&mut self) {
-        self.parked.clear();
+        self.parked.take();
         self.due_index = self
             .workflows
             .values()
@@ -537,7 +583,7 @@ impl ExecutionPlan {
 
     /// Every parked workflow back at its indexed time.
     fn unpark_all(&mut self) {
-        for (id, parked) in std::mem::take(&mut self.parked) {
+        for (id, parked) in self.parked.take() {
             self.due_index.remove(&(parked.until, id));
             if let Some(at) = self.get(&id).and_then(|w| indexed_time(&self.rules, w)) {
                 self.due_index.insert((at, id));
@@ -549,9 +595,24 @@ impl ExecutionPlan {
     /// back in the due part of the index at `now`.
     pub(crate) fn parked_missed(&self, now: Millis, ownership: &Ownership) -> usize {
         self.parked
-            .iter()
+            .values()
             .filter(|(id, parked)| parked.missed && parked.until > now && ownership.owns(id))
             .count()
+    }
+
+    /// The parked workflows whose window opened by `now`, back at their
+    /// indexed time: a rule due at 09:00 that waited for 22:00 is again
+    /// ahead of the ones due at 21:59, as it was before it was parked.
+    pub(crate) fn unpark_opened(&mut self, now: Millis) {
+        for id in self.parked.opened(now) {
+            let Some(parked) = self.parked.remove(&id) else {
+                continue;
+            };
+            self.due_index.remove(&(parked.until, id));
+            if let Some(at) = self.get(&id).and_then(|w| indexed_time(&self.rules, w)) {
+                self.due_index.insert((at, id));
+            }
+        }
     }
 
     /// Moves a workflow's due-index entry after its indexed time changed.
@@ -704,7 +765,7 @@ impl ExecutionPlan {
             workflows: self.workflows.len(),
             // A parked workflow is due, only waiting for its window.
             due: self.due_index.range(..=(now, Uuid::max())).count()
-                + self.parked.values().filter(|p| p.until > now).count(),
+                + self.parked.values().filter(|(_, p)| p.until > now).count(),
             branches: self.branches.len(),
             rules: self.rules.len(),
             brands: self.brands.len(),

@@ -272,6 +272,7 @@ pub fn take_ready_owned(
     default_zone: Tz,
     ownership: &Ownership,
 ) -> Vec<Uuid> {
+    plan.unpark_opened(now);
     let mut ready = Vec::new();
     let mut waiting = Vec::new();
     for id in plan.due_ids(now) {
@@ -441,6 +442,10 @@ mod tests {
         assert_eq!(plan.due_ids(opening - 1).count(), 0);
         assert_eq!(crate::plan::next_wake(&plan, NOW, utc, all), Some(opening));
         assert_eq!(take_ready_owned(&mut plan, opening, 500, utc, all), [id]);
+        // Once its window opened it is back at its due time, ahead of what
+        // fell due after it.
+        assert_eq!(plan.due_ids(opening).count(), 1);
+        assert_eq!(plan.earliest_due(), Some(NOW - 60_000));
 
         // A change of the row puts it back at its due time.
         let mut plan = fixture.plan();

@@ -107,7 +107,8 @@ impl Store {
     /// (locks it, increments lock_epoch) and, only if that matched, the
     /// Requested execution row, in one transaction. `None` when the rule is
     /// not due, not runnable (inactive, archived, force-stopped) or locked
-    /// by someone with a lock younger than `lock_timeout_ms`.
+    /// by someone with a live lock: stamped within `lock_timeout_ms` of
+    /// `req.now`, either way (`plan::lock_is_stale`).
     pub async fn claim(&self, req: &ClaimRequest) -> Result<Option<Claim>, StoreError> {
         match self.apply(&Transition::Claim(req.clone())).await? {
             TransitionOutcome::Claimed(claim) => Ok(claim),
@@ -222,7 +223,7 @@ impl Store {
     /// through the batcher: it is rare). Moves the branch rule's
     /// next_run_time from `req.expected_next_run_time` to
     /// `req.next_run_time` — only while it still says the expected value,
-    /// no retry is pending and no live lock is on it (free, or older than
+    /// no retry is pending and no live lock is on it (free, or stale by
     /// `req.lock_timeout_ms`) — and, only if that matched, records each of
     /// `req.skipped` as a `skipped` execution (owner `req.holder`, the
     /// row's lock_epoch, at `req.now`; an occurrence already recorded
