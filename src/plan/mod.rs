@@ -47,7 +47,7 @@ pub use locks::{StaleLock, lock_is_stale};
 pub use merge::{MergeOptions, MergeReport, NextRunChange, merge};
 pub use next_run::{PlanError, local_next_run_time, schedule_of};
 pub use quarantine::{Quarantine, QuarantineChange, screen};
-pub use ready::{NotReady, check_ready, count_ready_owned, ready, ready_owned, take_ready_owned};
+pub use ready::{NotReady, check_ready, ready, ready_owned, take_ready_owned};
 pub use resolve::{
     ResolveError, ScheduleParts, next_run, resolve_expression, resolve_schedule, resolve_zone,
 };
@@ -241,7 +241,7 @@ impl ParkedSet {
         std::mem::take(&mut self.by_id)
     }
 
-    fn values(&self) -> impl Iterator<Item = (&Uuid, &Parked)> {
+    fn iter(&self) -> impl Iterator<Item = (&Uuid, &Parked)> {
         self.by_id.iter()
     }
 
@@ -584,10 +584,16 @@ impl ExecutionPlan {
     /// Every parked workflow back at its indexed time.
     fn unpark_all(&mut self) {
         for (id, parked) in self.parked.take() {
-            self.due_index.remove(&(parked.until, id));
-            if let Some(at) = self.get(&id).and_then(|w| indexed_time(&self.rules, w)) {
-                self.due_index.insert((at, id));
-            }
+            self.back_to_indexed_time(id, parked);
+        }
+    }
+
+    /// Moves the entry of a workflow no longer parked from its window
+    /// opening back to its indexed time.
+    fn back_to_indexed_time(&mut self, id: Uuid, parked: Parked) {
+        self.due_index.remove(&(parked.until, id));
+        if let Some(at) = self.get(&id).and_then(|w| indexed_time(&self.rules, w)) {
+            self.due_index.insert((at, id));
         }
     }
 
@@ -595,7 +601,7 @@ impl ExecutionPlan {
     /// back in the due part of the index at `now`.
     pub(crate) fn parked_missed(&self, now: Millis, ownership: &Ownership) -> usize {
         self.parked
-            .values()
+            .iter()
             .filter(|(id, parked)| parked.missed && parked.until > now && ownership.owns(id))
             .count()
     }
@@ -605,12 +611,8 @@ impl ExecutionPlan {
     /// ahead of the ones due at 21:59, as it was before it was parked.
     pub(crate) fn unpark_opened(&mut self, now: Millis) {
         for id in self.parked.opened(now) {
-            let Some(parked) = self.parked.remove(&id) else {
-                continue;
-            };
-            self.due_index.remove(&(parked.until, id));
-            if let Some(at) = self.get(&id).and_then(|w| indexed_time(&self.rules, w)) {
-                self.due_index.insert((at, id));
+            if let Some(parked) = self.parked.remove(&id) {
+                self.back_to_indexed_time(id, parked);
             }
         }
     }
@@ -765,7 +767,7 @@ impl ExecutionPlan {
             workflows: self.workflows.len(),
             // A parked workflow is due, only waiting for its window.
             due: self.due_index.range(..=(now, Uuid::max())).count()
-                + self.parked.values().filter(|(_, p)| p.until > now).count(),
+                + self.parked.iter().filter(|(_, p)| p.until > now).count(),
             branches: self.branches.len(),
             rules: self.rules.len(),
             brands: self.brands.len(),

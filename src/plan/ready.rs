@@ -301,17 +301,6 @@ pub fn take_ready_owned(
     ready
 }
 
-/// How many rules [`ready_owned`] would return with no cap: the backlog
-/// the workers have yet to start.
-pub fn count_ready_owned(
-    plan: &ExecutionPlan,
-    now: Millis,
-    default_zone: Tz,
-    ownership: &Ownership,
-) -> usize {
-    ready_ids(plan, now, default_zone, ownership).count()
-}
-
 fn ready_ids<'a>(
     plan: &'a ExecutionPlan,
     now: Millis,
