@@ -523,6 +523,7 @@ async fn worker_with_a_job(db: &TestDb, steps: &[Step], handover: Handover) -> H
         .collect();
     let job = Box::new(Job {
         fence: claim.fence(),
+        lock_renewed_at: claim.execution.requested_at,
         execution: claim.execution.clone(),
         spec: JobSpec {
             branch_rule: claim.branch_rule.clone(),

@@ -15,6 +15,7 @@ use common::{TestDb, eventually, wait_for_execution};
 use ruled::actors::ask;
 use ruled::messages::{LeaseMsg, MasterMsg, PlanMsg};
 use ruled::model::ExecutionStatus;
+use ruled::store::Backend;
 use serde_json::json;
 use uuid::Uuid;
 
@@ -150,3 +151,87 @@ async fn a_job_stopped_by_a_self_fence_runs_again_when_the_database_is_back() {
     assert!(!status.fenced, "{status:?}");
     running.service.shutdown("test").await.unwrap();
 }
+
+// The database refuses the lock renewals of a running job while it still
+// takes everything else (heartbeats, claims, finishes): here a trigger.
+// Left running, the job's lock would turn stale under it, and a peer
+// could take it over and run the occurrence beside it. The job stops
+// two missed renewals in, its finish is recorded and names why, and the
+// occurrence runs again once renewals land.
+both_backends!(
+    a_job_whose_lock_cannot_be_renewed_stops_before_the_lock_turns_stale,
+    tokio::test(flavor = "multi_thread", worker_threads = 2),
+    |db: TestDb| async move {
+        const ACTION_MS: i64 = 8_000;
+        // The whole of `db`, not only the fields used, lives to the end.
+        let db = db;
+        let running = start_service_with(&db.url, |config| ruled::config::Config {
+            // Renewed every second; stale after three.
+            schedule_lock_timeout: Duration::from_secs(3),
+            ..without_delays(config)
+        })
+        .await;
+        let store = running.service.store();
+        let refusal = match db.backend {
+            Backend::Sqlite => vec![
+                "CREATE TRIGGER refuse_renewals BEFORE UPDATE ON branch_rules \
+                 WHEN NEW.lock_holder = OLD.lock_holder AND NEW.is_currently_running \
+                 AND NEW.lock_time <> OLD.lock_time \
+                 BEGIN SELECT RAISE(ABORT, 'renewal refused by the test'); END",
+            ],
+            Backend::Postgres => vec![
+                "CREATE FUNCTION refuse_renewals() RETURNS trigger LANGUAGE plpgsql AS \
+                 $$ BEGIN RAISE EXCEPTION 'renewal refused by the test'; END $$",
+                "CREATE TRIGGER refuse_renewals BEFORE UPDATE ON branch_rules FOR EACH ROW \
+                 WHEN (NEW.lock_holder = OLD.lock_holder AND NEW.is_currently_running \
+                 AND NEW.lock_time <> OLD.lock_time) EXECUTE FUNCTION refuse_renewals()",
+            ],
+        };
+        for statement in refusal {
+            store.execute_sql(statement).await.unwrap();
+        }
+        let due = chrono::Utc::now().timestamp_millis();
+        let id = insert_rule(
+            store,
+            YEARLY,
+            due,
+            &[step("sleep", json!({"ms": ACTION_MS}))],
+        )
+        .await;
+
+        wait_for_execution(store, id, ExecutionStatus::Cancelled, DEADLINE).await;
+        let drop = match db.backend {
+            Backend::Sqlite => "DROP TRIGGER refuse_renewals",
+            Backend::Postgres => "DROP TRIGGER refuse_renewals ON branch_rules",
+        };
+        store.execute_sql(drop).await.unwrap();
+        let stopped = store.executions_for(id).await.unwrap().remove(0);
+        assert_eq!((stopped.attempt, stopped.scheduled_for), (1, due));
+        let error = stopped.error.clone().unwrap_or_default();
+        assert!(
+            error.contains("SCHEDULE_LOCK_TIMEOUT_SECONDS") && error.contains("runs again"),
+            "{stopped:?}"
+        );
+        let ran_for = stopped.finished_at.unwrap() - stopped.started_at.unwrap();
+        assert!(
+            ran_for < ACTION_MS,
+            "stopped part-way, not after {ran_for} ms"
+        );
+
+        // Once renewals land again, the occurrence runs to its end.
+        wait_for_execution(store, id, ExecutionStatus::Completed, DEADLINE).await;
+        let runs = store.executions_for(id).await.unwrap();
+        let completed = runs
+            .iter()
+            .find(|run| run.status == ExecutionStatus::Completed)
+            .unwrap();
+        assert_eq!(completed.scheduled_for, due);
+        assert!(completed.attempt > 1, "{completed:?}");
+        assert!(
+            runs.iter().all(|run| run.id == completed.id
+                || (run.status == ExecutionStatus::Cancelled && run.scheduled_for == due)),
+            "{runs:?}"
+        );
+        running.service.shutdown("test").await.unwrap();
+    }
+);

@@ -591,6 +591,36 @@ both_backends!(
         let fresh = insert_rule(&store, YEARLY, due, &noop()).await;
         let fresh_at = now_ms();
         sql(&store, &lock(fresh, "pod-busy", Some(fresh_at))).await;
+        // Its row was last touched a minute ago, beyond the slack of the
+        // incremental reads: none of them brings it again.
+        sql(
+            &store,
+            &format!(
+                "UPDATE branch_rules SET updated_at = {} WHERE id = '{fresh}'",
+                fresh_at - 60_000
+            ),
+        )
+        .await;
+        // A lock its holder keeps renewing, as a live peer's worker does
+        // (a renewal touches the row): never stale while renewed.
+        let alive = insert_rule(&store, YEARLY, due, &noop()).await;
+        sql(&store, &lock(alive, "pod-alive", Some(now_ms()))).await;
+        let renew = move |at: i64| {
+            format!(
+                "UPDATE branch_rules SET lock_time = {at}, updated_at = {at} WHERE id = '{alive}'"
+            )
+        };
+        let renewals = {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let mut every =
+                    tokio::time::interval(Duration::from_millis(LOCK_TIMEOUT_MS as u64 / 3));
+                loop {
+                    every.tick().await;
+                    sql(&store, &renew(now_ms())).await;
+                }
+            })
+        };
 
         let install = Install::with_database(&db.url);
         let mut command = serve_command(&install);
@@ -599,10 +629,11 @@ both_backends!(
                 "SCHEDULE_LOCK_TIMEOUT_SECONDS",
                 (LOCK_TIMEOUT_MS / 1_000).to_string(),
             )
-            // The fresh lock turns stale without its row changing: only a
-            // full read sees it again.
+            // The fresh lock turns stale without its row changing, so no
+            // incremental read brings it again: the plan sees it turn stale
+            // by itself, long before the next full read (an hour away).
             .env("EXECUTION_PLAN_REFRESH_SECONDS", "1")
-            .env("PLAN_FULL_REFRESH_SECONDS", "2");
+            .env("PLAN_FULL_REFRESH_SECONDS", "3600");
         let mut server = install.spawn_logged(&mut command, "serve.log");
         let base = format!("http://{}", listening_on(&install));
         let client = common::api::client();
@@ -610,6 +641,22 @@ both_backends!(
         for id in [crashed, ahead, timeless, fresh] {
             wait_for_execution(&store, id, ExecutionStatus::Completed, DEADLINE).await;
         }
+        assert!(
+            executions(&store, alive).await.is_empty(),
+            "a lock renewed in time is never taken over"
+        );
+        // The holder stops renewing: a timeout later its lock is stale too.
+        renewals.abort();
+        let _ = renewals.await;
+        let last_renewal = now_ms();
+        sql(&store, &renew(last_renewal)).await;
+        wait_for_execution(&store, alive, ExecutionStatus::Completed, DEADLINE).await;
+        let run = &executions(&store, alive).await[0];
+        assert!(
+            run.requested_at >= last_renewal + LOCK_TIMEOUT_MS,
+            "claimed {} ms after the last renewal",
+            run.requested_at - last_renewal
+        );
         let log = install.log("serve.log");
 
         // The dead pod's attempt is closed by the claim that took its lock
@@ -639,6 +686,7 @@ both_backends!(
             (ahead, "pod-ahead"),
             (timeless, "pod-timeless"),
             (fresh, "pod-busy"),
+            (alive, "pod-alive"),
         ] {
             let named = log
                 .lines()
@@ -657,17 +705,17 @@ both_backends!(
         let (_, metrics) = get(&client, &format!("{base}/metrics")).await;
         assert_eq!(
             metric_sample(&metrics, "ruled_stale_locks_total", &[]),
-            Some(4.0),
+            Some(5.0),
             "{metrics}"
         );
         let released = store
             .execute_sql(&format!(
-                "UPDATE branch_rules SET lock_epoch = lock_epoch WHERE id IN ('{crashed}', '{ahead}', '{timeless}', '{fresh}') \
+                "UPDATE branch_rules SET lock_epoch = lock_epoch WHERE id IN ('{crashed}', '{ahead}', '{timeless}', '{fresh}', '{alive}') \
                  AND lock_holder IS NULL AND NOT is_currently_running"
             ))
             .await
             .unwrap();
-        assert_eq!(released, 4, "every lock is released after its run");
+        assert_eq!(released, 5, "every lock is released after its run");
 
         signal(&server, libc::SIGTERM);
         let status = wait_exit(&mut server);

@@ -596,6 +596,7 @@ impl MasterState {
                     holder: holder.clone(),
                     epoch: claim.execution.lock_epoch,
                 },
+                lock_renewed_at: claim.execution.requested_at,
                 execution: claim.execution,
                 spec,
             });
@@ -1063,7 +1064,15 @@ impl MasterState {
             .collect();
         for (fence, renewed) in futures_join_all(pending).await {
             match renewed {
-                Ok(true) => {}
+                Ok(true) => {
+                    if let Some(job) = self
+                        .queue
+                        .queued_mut(&fence.branch_rule_id)
+                        .filter(|job| job.fence == fence)
+                    {
+                        job.lock_renewed_at = now;
+                    }
+                }
                 Ok(false) => {
                     if self.queue.remove_queued(fence.branch_rule_id).is_some() {
                         warn!(branch_rule_id = %fence.branch_rule_id, execution_id = %fence.execution_id, "🔒 Queued claim lost before the handoff; dropped unwritten");

@@ -278,16 +278,16 @@ impl Actor for PlanActor {
                 log_stale_locks(&freed, now, state.config.schedule_lock_timeout);
                 let large = load.data.scope == PlanScope::Full
                     || load.data.branch_rules.len() >= LARGE_READ_ROWS;
-                let report = state.merge(load.data, now);
+                let (report, turned_stale) = state.merge(load.data, now);
                 if large {
                     // The rows read are dropped now: for a whole table of
                     // a million rules, gigabytes the allocator would keep.
                     release_free_heap();
                 }
-                if !report.is_empty() || report.preserved > 0 {
+                if !report.is_empty() || report.preserved > 0 || !turned_stale.is_empty() {
                     state.mark_dirty(&myself);
                 }
-                if !report.is_empty() {
+                if !report.is_empty() || !turned_stale.is_empty() {
                     state.notify_master();
                 }
                 let _ = reply.send(report);
@@ -339,7 +339,7 @@ impl PlanState {
     /// [`ExecutionPlan::free_stale_locks`] with this instance's id and
     /// SCHEDULE_LOCK_TIMEOUT_SECONDS.
     fn free_stale_locks(
-        &self,
+        &mut self,
         rows: &mut [crate::model::BranchRule],
         now: Millis,
         first_read: bool,
@@ -351,6 +351,17 @@ impl PlanState {
             now,
             config.schedule_lock_timeout.as_millis() as Millis,
             first_read,
+        )
+    }
+
+    /// [`ExecutionPlan::free_locks_turned_stale`] with this instance's id
+    /// and SCHEDULE_LOCK_TIMEOUT_SECONDS.
+    fn free_locks_turned_stale(&mut self, now: Millis) -> Vec<StaleLock> {
+        let config = &self.config;
+        self.plan.free_locks_turned_stale(
+            &config.instance_id,
+            now,
+            config.schedule_lock_timeout.as_millis() as Millis,
         )
     }
 
@@ -374,7 +385,13 @@ impl PlanState {
         )
     }
 
-    fn merge(&mut self, data: crate::model::PlanData, now: Millis) -> MergeReport {
+    /// Merges a read, then frees the locks that turned stale since they
+    /// were read (returned, already logged): the gauges count them freed.
+    fn merge(
+        &mut self,
+        data: crate::model::PlanData,
+        now: Millis,
+    ) -> (MergeReport, Vec<StaleLock>) {
         let options = MergeOptions {
             first_refresh: !self.merged_once,
             recent_window: self.config.plan_refresh_interval,
@@ -382,6 +399,8 @@ impl PlanState {
         };
         let report = merge(&mut self.plan, data, now, options);
         self.merged_once = true;
+        let turned_stale = self.free_locks_turned_stale(now);
+        log_stale_locks(&turned_stale, now, self.config.schedule_lock_timeout);
         for change in &report.next_run_changes {
             debug!(
                 branch_rule_id = %change.id,
@@ -394,7 +413,7 @@ impl PlanState {
         let stats = self.plan.stats(now);
         publish_gauges(&stats);
         self.publish_readiness(now);
-        report
+        (report, turned_stale)
     }
 
     /// The ready and missed-window gauges, at start and after each merge

@@ -208,6 +208,27 @@ fn freshness_bound(config: &Config) -> Millis {
     bound.as_millis() as Millis
 }
 
+/// How often a claimed job's lock is renewed: a third of
+/// SCHEDULE_LOCK_TIMEOUT_SECONDS, so one failed renewal leaves it live.
+fn renewal_interval(config: &Config) -> Duration {
+    config.schedule_lock_timeout / 3
+}
+
+/// Whether a lock last stamped at `renewed_at` has missed two renewals by
+/// `now`: a third would find it stale, and a peer free to take it over
+/// ([`CancelReason::LockExpiring`]).
+fn lock_expiring(config: &Config, renewed_at: Millis, now: Millis) -> bool {
+    let interval = renewal_interval(config).as_millis() as Millis;
+    now - renewed_at > interval * 3 / 2
+}
+
+/// A lock older than one renewal interval is renewed as its job starts or
+/// is held, instead of an interval later: a claim that waited in the queue
+/// may be close to stale.
+fn renew_now(config: &Config, renewed_at: Millis, now: Millis) -> bool {
+    now - renewed_at > renewal_interval(config).as_millis() as Millis
+}
+
 /// The two writes a job's start is checked against.
 #[derive(Clone, Copy)]
 enum StartWrite {
@@ -270,6 +291,26 @@ async fn running_held(
         return true;
     }
     claim_held(StartWrite::Running, number, ids, outcome)
+}
+
+/// Logs and counts a renewal the database refused. Returns whether the
+/// job must stop: the lock is about to turn stale ([`lock_expiring`]).
+/// Until then the lock stays ours and the next renewal tries again.
+fn renewal_failed(config: &Config, job: &Job, now: Millis, error: &BatchError) -> bool {
+    metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "renew_lock").increment(1);
+    let (branch_rule_id, execution_id) = (job.branch_rule_id(), job.execution_id());
+    let expiring = lock_expiring(config, job.lock_renewed_at, now);
+    if expiring {
+        warn!(
+            %branch_rule_id, %execution_id,
+            "🔒 Lock renewal failed: {error}; the lock was last renewed {} s ago, and a peer may take it over at {} s (SCHEDULE_LOCK_TIMEOUT_SECONDS): stopping the job first",
+            (now - job.lock_renewed_at) / 1_000,
+            config.schedule_lock_timeout.as_secs()
+        );
+    } else {
+        warn!(%branch_rule_id, %execution_id, "Lock renewal failed: {error}");
+    }
+    expiring
 }
 
 impl WorkerState {
@@ -453,8 +494,10 @@ impl WorkerState {
                 }
             });
         }
-        let renew_every = args.config.schedule_lock_timeout / 3;
-        let renewal = myself.send_interval(renew_every, || WorkerMsg::RenewLock);
+        let renewal = myself.send_interval(renewal_interval(&args.config), || WorkerMsg::RenewLock);
+        if renew_now(&args.config, job.lock_renewed_at, now) {
+            let _ = myself.cast(WorkerMsg::RenewLock);
+        }
         self.current = Some(CurrentJob {
             job,
             cancel: Some(cancel_tx),
@@ -470,26 +513,26 @@ impl WorkerState {
             execution_id = %job.execution_id(),
             "👷 Worker-{} waits for memory before starting its job", self.args.number
         );
-        let renew_every = self.args.config.schedule_lock_timeout / 3;
-        let renewal = myself.send_interval(renew_every, || WorkerMsg::RenewLock);
+        let config = &self.args.config;
+        let renewal = myself.send_interval(renewal_interval(config), || WorkerMsg::RenewLock);
+        if renew_now(config, job.lock_renewed_at, self.args.clock.now_ms()) {
+            let _ = myself.cast(WorkerMsg::RenewLock);
+        }
         self.held = Some(HeldJob { job, renewal });
     }
 
     async fn renew_held_lock(&mut self, myself: &ActorRef<WorkerMsg>) {
-        let Some(held) = self.held.as_ref() else {
+        let Some(held) = self.held.as_mut() else {
             return;
         };
         let now = self.args.clock.now_ms();
         match self.args.batcher.renew_lock(&held.job.fence, now).await {
-            Ok(true) => {}
+            Ok(true) => held.job.lock_renewed_at = now,
             Ok(false) => self.drop_held(myself, CancelReason::LockLost).await,
             Err(e) => {
-                metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "renew_lock").increment(1);
-                warn!(
-                    branch_rule_id = %held.job.branch_rule_id(),
-                    execution_id = %held.job.execution_id(),
-                    "Lock renewal failed: {e}"
-                );
+                if renewal_failed(&self.args.config, &held.job, now, &e) {
+                    self.drop_held(myself, CancelReason::LockExpiring).await;
+                }
             }
         }
     }
@@ -542,7 +585,7 @@ impl WorkerState {
         };
         let now = self.args.clock.now_ms();
         match self.args.batcher.renew_lock(&current.job.fence, now).await {
-            Ok(true) => {}
+            Ok(true) => current.job.lock_renewed_at = now,
             Ok(false) => {
                 warn!(
                     branch_rule_id = %current.job.branch_rule_id(),
@@ -552,14 +595,9 @@ impl WorkerState {
                 current.cancel(CancelReason::LockLost);
             }
             Err(e) => {
-                // The lock stays ours until it times out; keep running and
-                // try again at the next renewal.
-                metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "renew_lock").increment(1);
-                warn!(
-                    branch_rule_id = %current.job.branch_rule_id(),
-                    execution_id = %current.job.execution_id(),
-                    "Lock renewal failed: {e}"
-                );
+                if renewal_failed(&self.args.config, &current.job, now, &e) {
+                    current.cancel(CancelReason::LockExpiring);
+                }
             }
         }
     }
@@ -594,16 +632,27 @@ impl WorkerState {
             warn!(%branch_rule_id, %execution_id, "⏸️ {problem}");
         }
         let retry = decision.retry_at();
-        let finish = decision.finish(
-            outcome.status,
-            now,
-            error,
-            Some(json!({
-                "worker": format!("Worker-{}", args.number),
-                "steps": outcome.output,
-            })),
-            true,
-        );
+        let output = Some(json!({
+            "worker": format!("Worker-{}", args.number),
+            "steps": outcome.output,
+        }));
+        let stopped_unrenewed = outcome.status == ExecutionStatus::Cancelled
+            && current.cancel_reason == Some(CancelReason::LockExpiring);
+        let finish = if stopped_unrenewed {
+            // Stopped part-way, so it runs again as the next attempt, here
+            // or on the peer that takes the lock over once it is stale.
+            let why = format!(
+                "stopped: the lock was last renewed {} s ago and a peer may take it over at {} s                  (SCHEDULE_LOCK_TIMEOUT_SECONDS); the occurrence runs again",
+                (now - job.lock_renewed_at) / 1_000,
+                args.config.schedule_lock_timeout.as_secs()
+            );
+            Finish {
+                output,
+                ..Finish::leaving_due(outcome.status, now, why)
+            }
+        } else {
+            decision.finish(outcome.status, now, error, output, true)
+        };
         let elapsed = current.started.elapsed();
         if current.cancel_reason == Some(CancelReason::LockLost) {
             // Another owner holds the occurrence; our write would be fenced

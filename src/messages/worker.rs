@@ -14,6 +14,12 @@ pub struct Job {
     /// Proof of the claim; every write the job makes carries it.
     pub fence: Fence,
     pub spec: JobSpec,
+    /// When the lock was last stamped, as far as this instance knows: the
+    /// claim, then each renewal that landed (the master's while the job is
+    /// queued, the worker's while it runs). A peer may take the lock over
+    /// once it is SCHEDULE_LOCK_TIMEOUT_SECONDS old
+    /// ([`CancelReason::LockExpiring`]).
+    pub lock_renewed_at: crate::model::Millis,
 }
 
 impl Job {
@@ -35,6 +41,12 @@ pub enum CancelReason {
     Shutdown,
     /// Lock renewal found the lock gone: another owner may run it.
     LockLost,
+    /// Lock renewals have failed for two of their intervals in a row (the
+    /// database refused them, while it may still take the heartbeats): a
+    /// third would find the lock stale, and a peer free to take it over
+    /// and run the occurrence beside this job. The job stops first; its
+    /// finish is recorded, and leaves the occurrence to run again.
+    LockExpiring,
     /// The next occurrence fell due and the policy is `cancel_running`.
     Overlap,
 }
@@ -47,7 +59,7 @@ impl CancelReason {
         match self {
             CancelReason::Requested => Some(crate::plan::Ending::Cancelled),
             CancelReason::Overlap => Some(crate::plan::Ending::CancelledByOverlap),
-            CancelReason::Shutdown | CancelReason::LockLost => None,
+            CancelReason::Shutdown | CancelReason::LockLost | CancelReason::LockExpiring => None,
         }
     }
 }

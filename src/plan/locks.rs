@@ -40,7 +40,7 @@ impl ExecutionPlan {
     /// read after a start reports them all: the plan's own flags were reset
     /// (crash recovery), so they tell nothing.
     pub fn free_stale_locks(
-        &self,
+        &mut self,
         rows: &mut [BranchRule],
         me: &str,
         now: Millis,
@@ -55,10 +55,11 @@ impl ExecutionPlan {
             // Our own claims are renewed by this process, or released by
             // its crash recovery; a job in flight here is merge rule 1's.
             let local = self.get(&row.id);
-            if holder == me
-                || local.is_some_and(|w| w.running_here)
-                || !lock_is_stale(row.lock_time, now, timeout_ms)
-            {
+            if holder == me || local.is_some_and(|w| w.running_here) {
+                continue;
+            }
+            if !lock_is_stale(row.lock_time, now, timeout_ms) {
+                self.foreign_locks.insert(row.id);
                 continue;
             }
             row.is_currently_running = false;
@@ -69,6 +70,47 @@ impl ExecutionPlan {
                     lock_time: row.lock_time,
                 });
             }
+        }
+        freed
+    }
+
+    /// Frees the rules the plan holds as running under another holder's
+    /// lock that has turned stale since it was read. Such a lock's row does
+    /// not change (nobody renews it), so no incremental read brings it
+    /// again, and waiting for the next full read would hold the rule up to
+    /// PLAN_FULL_REFRESH_SECONDS past the timeout. The plan's copy of a
+    /// lock is as fresh as its last read: every renewal touches the row, so
+    /// the incremental read after it brings the new `lock_time`. Call it
+    /// right after a read is merged.
+    pub fn free_locks_turned_stale(
+        &mut self,
+        me: &str,
+        now: Millis,
+        timeout_ms: Millis,
+    ) -> Vec<StaleLock> {
+        let mut freed = Vec::new();
+        let candidates: Vec<Uuid> = self.foreign_locks.iter().copied().collect();
+        for id in candidates {
+            let held = self.get(&id).and_then(|w| {
+                let row = &w.branch_rule;
+                let holder = row.lock_holder.as_deref()?;
+                let foreign = row.is_currently_running && !w.running_here && holder != me;
+                foreign.then(|| (holder.to_string(), row.lock_time))
+            });
+            let Some((holder, lock_time)) = held else {
+                self.foreign_locks.remove(&id);
+                continue;
+            };
+            if !lock_is_stale(lock_time, now, timeout_ms) {
+                continue;
+            }
+            self.foreign_locks.remove(&id);
+            self.update(&id, |w| w.branch_rule.is_currently_running = false);
+            freed.push(StaleLock {
+                branch_rule_id: id,
+                holder,
+                lock_time,
+            });
         }
         freed
     }
@@ -133,6 +175,65 @@ mod tests {
         again[0].is_currently_running = true;
         let freed = plan.free_stale_locks(&mut again, "me", NOW, TIMEOUT, true);
         assert_eq!(freed.len(), 1);
+    }
+
+    #[test]
+    fn a_lock_read_live_is_freed_once_it_turns_stale_unless_renewed_meanwhile() {
+        let mut plan = ExecutionPlan::new();
+        let live_at = NOW - 1_000;
+        let mut rows = vec![
+            locked("pod-silent", Some(live_at)),
+            locked("pod-renewing", Some(live_at)),
+            locked("pod-finishing", Some(live_at)),
+        ];
+        for (n, row) in rows.iter_mut().enumerate() {
+            row.id = Uuid::from_u128(0x100 + n as u128);
+        }
+        assert!(
+            plan.free_stale_locks(&mut rows, "me", NOW, TIMEOUT, false)
+                .is_empty()
+        );
+        for row in &rows {
+            plan.insert(crate::plan::Workflow::new(row.clone()));
+        }
+        assert_eq!(plan.earliest_due(), None, "held rules are not due");
+        assert!(plan.free_locks_turned_stale("me", NOW, TIMEOUT).is_empty());
+
+        // Meanwhile one holder renews and another finishes; later reads
+        // bring both rows.
+        let stale_at = live_at + TIMEOUT + 1;
+        let mut renewed = rows[1].clone();
+        renewed.lock_time = Some(stale_at - 1_000);
+        plan.insert(crate::plan::Workflow::new(renewed));
+        let mut finished = rows[2].clone();
+        finished.is_currently_running = false;
+        finished.lock_holder = None;
+        plan.insert(crate::plan::Workflow::new(finished));
+
+        let freed = plan.free_locks_turned_stale("me", stale_at, TIMEOUT);
+        assert_eq!(
+            freed,
+            [StaleLock {
+                branch_rule_id: rows[0].id,
+                holder: "pod-silent".into(),
+                lock_time: Some(live_at),
+            }]
+        );
+        let silent = plan.get(&rows[0].id).unwrap();
+        assert!(!silent.branch_rule.is_currently_running);
+        assert!(plan.earliest_due().is_some(), "the freed rule is due again");
+        // The renewed lock turns stale a timeout after its renewal; the
+        // freed and the finished rules are not named again.
+        let later: Vec<String> = plan
+            .free_locks_turned_stale("me", stale_at + TIMEOUT, TIMEOUT)
+            .into_iter()
+            .map(|lock| lock.holder)
+            .collect();
+        assert_eq!(later, ["pod-renewing"]);
+        assert!(
+            plan.free_locks_turned_stale("me", stale_at + 2 * TIMEOUT, TIMEOUT)
+                .is_empty()
+        );
     }
 
     #[test]

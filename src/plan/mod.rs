@@ -18,7 +18,7 @@ mod ready;
 mod resolve;
 pub mod simulate;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -200,6 +200,12 @@ pub struct ExecutionPlan {
     /// then on it keeps its place in due order. Never saved: a new plan
     /// walks again.
     parked: ParkedSet,
+    /// Rules read as running under another holder's live lock: the ones to
+    /// look at again when a lock may have turned stale without its row
+    /// changing (see [`ExecutionPlan::free_locks_turned_stale`]). Kept
+    /// loosely: an id whose row has moved on since is dropped at the next
+    /// look, so only the reads have to add to it.
+    foreign_locks: HashSet<Uuid>,
 }
 
 /// Where a parked workflow sits in the due index, and whether its window
