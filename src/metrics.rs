@@ -50,6 +50,7 @@ pub const FAILOVERS_TOTAL: &str = "ruled_failovers_total";
 pub const PARTITION_LEASE_CHANGES_TOTAL: &str = "ruled_partition_lease_changes_total";
 pub const SELF_FENCES_TOTAL: &str = "ruled_self_fences_total";
 pub const STALE_LOCKS_TOTAL: &str = "ruled_stale_locks_total";
+pub const COMMAND_LEFTOVERS_KILLED_TOTAL: &str = "ruled_command_leftovers_killed_total";
 
 // History kept (issue 12): catalog deletes that would erase executions.
 pub const CATALOG_ARCHIVED_TOTAL: &str = "ruled_catalog_archived_total";
@@ -108,6 +109,7 @@ pub const ALL: &[&str] = &[
     PARTITION_LEASE_CHANGES_TOTAL,
     SELF_FENCES_TOTAL,
     STALE_LOCKS_TOTAL,
+    COMMAND_LEFTOVERS_KILLED_TOTAL,
     CATALOG_ARCHIVED_TOTAL,
     CATALOG_DELETES_REFUSED_TOTAL,
 ];
@@ -299,6 +301,10 @@ pub fn describe_all() {
         "Times this instance could not renew its heartbeat within the lease TTL and stopped its own jobs."
     );
     describe_counter!(
+        COMMAND_LEFTOVERS_KILLED_TOTAL,
+        "Processes a command action of an earlier run left running when ruled died (SIGKILL), killed at start before their occurrences run again."
+    );
+    describe_counter!(
         STALE_LOCKS_TOTAL,
         "Branch rule locks of other holders found stale (older than SCHEDULE_LOCK_TIMEOUT_SECONDS, or stamped further ahead than it): their rules are offered to claims again."
     );
@@ -378,6 +384,7 @@ pub fn register_known_series() {
     }
     counter!(SELF_FENCES_TOTAL).increment(0);
     counter!(STALE_LOCKS_TOTAL).increment(0);
+    counter!(COMMAND_LEFTOVERS_KILLED_TOTAL).increment(0);
     for table in ["brands", "branches", "rules", "branch_rules"] {
         counter!(CATALOG_ARCHIVED_TOTAL, "table" => table).increment(0);
         counter!(CATALOG_DELETES_REFUSED_TOTAL, "table" => table).increment(0);

@@ -11,7 +11,7 @@ use tracing::{error, info, warn};
 
 use metrics_exporter_prometheus::PrometheusHandle;
 
-use crate::actions::{ActionRegistry, ActionSettings};
+use crate::actions::{ActionRegistry, ActionSettings, leftovers};
 use crate::actors::{AskError, ask, ask_within};
 use crate::api::{ApiState, HttpServer};
 use crate::clock::{Clock, millis_to_utc};
@@ -144,10 +144,12 @@ impl Service {
         clock: Clock,
         options: ServiceOptions,
     ) -> Result<Service, ServiceError> {
+        let command_ledger = leftovers::ledger_path(&config.plan_file);
         let registry = options.registry.unwrap_or_else(|| {
             ActionRegistry::with_builtins(ActionSettings {
                 command_actions_enabled: config.command_actions_enabled,
                 http_action_allow_private: config.http_action_allow_private,
+                command_ledger: Some(command_ledger.clone()),
             })
         });
         let memory_sampler = options
@@ -180,6 +182,8 @@ impl Service {
         };
         info!(backend = %store.backend(), instance_id = %config.instance_id, "Database ready");
         recovery::claim_instance_id(&store, &config, clock.now_ms()).await?;
+        // Before the recovery lets the occurrences of lost runs run again.
+        kill_command_leftovers(&command_ledger);
         recovery::recover_at_start(&store, &config, clock.now_ms()).await?;
         let batcher = TransitionBatcher::new(store.clone());
         // Bound before the actors start, so a taken port fails the start
@@ -314,6 +318,21 @@ impl Service {
 /// The clock anchored on the database's: the offset is measured once,
 /// halfway through a round trip, and the clock then runs on this host's
 /// monotonic time, so a step of the host's wall clock later moves nothing.
+/// Kills what the command actions of a run that died by SIGKILL left
+/// running ([`leftovers`]): their occurrences are about to run again.
+fn kill_command_leftovers(ledger: &std::path::Path) {
+    for leftover in leftovers::kill_leftovers(ledger) {
+        metrics::counter!(crate::metrics::COMMAND_LEFTOVERS_KILLED_TOTAL).increment(1);
+        warn!(
+            pid = leftover.pid,
+            group = leftover.group,
+            "🧹 Killed process {} ({}), left running by a command action when ruled last died; its occurrence runs again",
+            leftover.pid,
+            leftover.command
+        );
+    }
+}
+
 async fn align_to_database(store: &Store, clock: Clock) -> Result<Clock, ServiceError> {
     let sent = clock.now_ms();
     let db_now = store.db_now().await?;

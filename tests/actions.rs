@@ -27,6 +27,7 @@ use uuid::Uuid;
 const PERMISSIVE: ActionSettings = ActionSettings {
     command_actions_enabled: true,
     http_action_allow_private: true,
+    command_ledger: None,
 };
 
 fn call(kind: &str, config: Value) -> ActionCall {

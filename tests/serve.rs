@@ -207,28 +207,120 @@ async fn a_command_action_dies_with_a_service_killed_by_sigkill() {
         &[("COMMAND_ACTIONS_ENABLED", "true")],
     );
     until_running(&store, id).await;
+    let sleep = poll_for(&install, "serve.log", "the program starts", || {
+        children(server.id()).first().copied()
+    });
+    server.kill().unwrap(); // SIGKILL: no guard of ruled's runs
+    server.wait().unwrap();
+    until_dead(sleep, || {
+        format!("the command action's program {sleep} outlived ruled's SIGKILL")
+    });
+}
+
+/// Polls `found` until it finds something, for at most [`DEADLINE`].
+fn poll_for<T>(
+    install: &Install,
+    log: &str,
+    what: &str,
+    mut found: impl FnMut() -> Option<T>,
+) -> T {
     let started = Instant::now();
-    let sleep = loop {
-        if let Some(&pid) = children(server.id()).first() {
-            break pid;
+    loop {
+        if let Some(value) = found() {
+            return value;
         }
         assert!(
             started.elapsed() < DEADLINE,
-            "the program never started: {}",
-            install.log("serve.log")
+            "{what}: not within {DEADLINE:?}: {}",
+            install.log(log)
         );
         std::thread::sleep(Duration::from_millis(20));
-    };
-    server.kill().unwrap(); // SIGKILL: no guard of ruled's runs
-    server.wait().unwrap();
-    let killed = Instant::now();
-    while alive(sleep) && killed.elapsed() < DEADLINE {
+    }
+}
+
+/// Waits up to [`DEADLINE`] for `pid` to die; kills it and fails with
+/// `why` if it does not.
+fn until_dead(pid: i32, why: impl FnOnce() -> String) {
+    let started = Instant::now();
+    while alive(pid) && started.elapsed() < DEADLINE {
         std::thread::sleep(Duration::from_millis(20));
     }
-    if alive(sleep) {
-        // SAFETY: kill(2) on the pid found above, which is still alive.
-        unsafe { libc::kill(sleep, libc::SIGKILL) };
-        panic!("the command action's program {sleep} outlived ruled's SIGKILL");
+    if alive(pid) {
+        // SAFETY: kill(2) on a pid the test found alive.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        panic!("{}", why());
+    }
+}
+
+/// What the program started in its process group outlives ruled's SIGKILL
+/// (only the program itself gets the kernel's parent-death signal), and the
+/// restart runs the occurrence again: the start kills those stragglers
+/// first, so the occurrence never runs twice at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_command_action_started_is_killed_by_the_restart_after_a_sigkill() {
+    let db = common::sqlite_db().await;
+    let store = db.store().await;
+    let install = install(&db);
+    let pid_file = install.path("worker.pid");
+    let script = format!("sleep 600 & echo $! > {}; wait", pid_file.display());
+    let program = json!({"program": "sh", "args": ["-c", script], "timeout_ms": 600_000});
+    let id = insert_rule(&store, YEARLY, now_ms(), &[step("command", program)]).await;
+    let enabled = [("COMMAND_ACTIONS_ENABLED", "true")];
+    let mut server = serve(&install, "serve.log", &enabled);
+    until_running(&store, id).await;
+    let read_pid = || {
+        std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|text| text.trim().parse::<i32>().ok())
+    };
+    let straggler = poll_for(
+        &install,
+        "serve.log",
+        "the program starts its own",
+        read_pid,
+    );
+    server.kill().unwrap(); // SIGKILL: no guard of ruled's runs
+    server.wait().unwrap();
+    assert!(
+        alive(straggler),
+        "what the program started outlives the SIGKILL"
+    );
+
+    let mut again = serve(
+        &install,
+        "again.log",
+        &[enabled[0], ("SHUTDOWN_GRACE_SECONDS", "1")],
+    );
+    until_dead(straggler, || {
+        format!(
+            "{straggler} outlived the restart: {}",
+            install.log("again.log")
+        )
+    });
+    until("the occurrence runs again", || async {
+        executions(&store, id)
+            .await
+            .iter()
+            .any(|e| e.attempt == 2 && e.status == ExecutionStatus::Running)
+    })
+    .await;
+    let log = install.log("again.log");
+    assert!(
+        log.contains(&format!("🧹 Killed process {straggler} (sleep)")),
+        "{log}"
+    );
+    // The first attempt is recorded lost before the second one starts.
+    let runs = executions(&store, id).await;
+    let first = runs.iter().find(|e| e.attempt == 1).unwrap();
+    assert_eq!(first.status, ExecutionStatus::Failed, "{runs:?}");
+    signal(&again, libc::SIGTERM);
+    let status = wait_exit(&mut again);
+    assert_eq!(status.code(), Some(0), "{}", install.log("again.log"));
+    if let Some(pid) = read_pid().filter(|&pid| pid != straggler) {
+        assert!(
+            !alive(pid),
+            "the second attempt's process is stopped with it"
+        );
     }
 }
 

@@ -11,12 +11,14 @@
 
 use std::os::unix::process::ExitStatusExt;
 use std::process::{ExitStatus, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use tokio::process::{Child, Command};
 
 use super::capture::{Captured, drain_into};
+use super::leftovers::CommandLedger;
 use super::{
     ActionCall, ActionError, ActionFuture, ActionHandler, ActionOutput, OUTPUT_CAP_BYTES, fields,
 };
@@ -34,11 +36,14 @@ const PIPE_GRACE: Duration = Duration::from_secs(2);
 #[derive(Debug)]
 pub struct CommandAction {
     enabled: bool,
+    /// Where running programs' groups are written down, if anywhere
+    /// ([`super::leftovers`]).
+    ledger: Option<Arc<CommandLedger>>,
 }
 
 impl CommandAction {
-    pub fn new(enabled: bool) -> CommandAction {
-        CommandAction { enabled }
+    pub fn new(enabled: bool, ledger: Option<Arc<CommandLedger>>) -> CommandAction {
+        CommandAction { enabled, ledger }
     }
 }
 
@@ -56,7 +61,7 @@ impl ActionHandler for CommandAction {
                 });
             }
             let spec = Spec::parse(&call.config)?;
-            run_program(&spec).await
+            run_program(&spec, self.ledger.clone()).await
         })
     }
 }
@@ -100,7 +105,10 @@ impl Spec {
     }
 }
 
-async fn run_program(spec: &Spec) -> Result<ActionOutput, ActionError> {
+async fn run_program(
+    spec: &Spec,
+    ledger: Option<Arc<CommandLedger>>,
+) -> Result<ActionOutput, ActionError> {
     let path = std::env::var_os("PATH").unwrap_or_else(|| FALLBACK_PATH.into());
     let mut command = Command::new(&spec.program);
     command
@@ -119,7 +127,7 @@ async fn run_program(spec: &Spec) -> Result<ActionOutput, ActionError> {
     let child = command
         .spawn()
         .map_err(|e| ActionError::failed(format!("could not start `{}`: {e}", spec.program)))?;
-    let mut group = GroupGuard::new(child);
+    let mut group = GroupGuard::new(child, ledger);
     tracing::debug!(program = %spec.program, pid = group.pgid, "command action started");
 
     let mut stdout = Captured::new(OUTPUT_CAP_BYTES);
@@ -273,15 +281,22 @@ struct GroupGuard {
     /// The child's pid, which `process_group(0)` made its group id.
     pgid: Option<i32>,
     armed: bool,
+    /// Holds the group while it may run; struck off when the guard goes,
+    /// by then the group was killed or ended.
+    ledger: Option<Arc<CommandLedger>>,
 }
 
 impl GroupGuard {
-    fn new(child: Child) -> GroupGuard {
+    fn new(child: Child, ledger: Option<Arc<CommandLedger>>) -> GroupGuard {
         let pgid = child.id().and_then(|pid| i32::try_from(pid).ok());
+        if let (Some(ledger), Some(pgid)) = (&ledger, pgid) {
+            ledger.started(pgid);
+        }
         GroupGuard {
             child: Some(child),
             pgid,
             armed: true,
+            ledger,
         }
     }
 
@@ -317,10 +332,15 @@ impl GroupGuard {
 
 impl Drop for GroupGuard {
     fn drop(&mut self) {
+        if self.armed {
+            self.kill_group();
+        }
+        if let (Some(ledger), Some(pgid)) = (&self.ledger, self.pgid) {
+            ledger.ended(pgid);
+        }
         if !self.armed {
             return;
         }
-        self.kill_group();
         let Some(mut child) = self.child.take() else {
             return;
         };
@@ -389,7 +409,7 @@ mod tests {
             "env": {"GREETING": "hello"},
         }))
         .unwrap();
-        let output = run_program(&spec).await.unwrap();
+        let output = run_program(&spec, None).await.unwrap();
         let stdout = output.0["stdout"].as_str().unwrap();
         let mut names: Vec<&str> = stdout.lines().filter_map(|l| l.split('=').next()).collect();
         names.sort();
@@ -400,14 +420,14 @@ mod tests {
     #[tokio::test]
     async fn a_missing_program_fails_to_start() {
         let spec = Spec::parse(&json!({"program": "/nonexistent/ruled-test-program"})).unwrap();
-        let err = run_program(&spec).await.unwrap_err().to_string();
+        let err = run_program(&spec, None).await.unwrap_err().to_string();
         assert!(err.contains("could not start"), "{err}");
     }
 
     #[tokio::test]
     async fn a_signal_is_reported() {
         let spec = Spec::parse(&json!({"program": "sh", "args": ["-c", "kill -TERM $$"]})).unwrap();
-        match run_program(&spec).await {
+        match run_program(&spec, None).await {
             Err(ActionError::Failed { message, output }) => {
                 assert!(message.contains("signal 15 (SIGTERM)"), "{message}");
                 let output = output.unwrap();
@@ -422,7 +442,7 @@ mod tests {
     async fn stderr_is_captured_separately() {
         let spec = Spec::parse(&json!({"program": "sh", "args": ["-c", "echo out; echo err >&2"]}))
             .unwrap();
-        let output = run_program(&spec).await.unwrap();
+        let output = run_program(&spec, None).await.unwrap();
         assert_eq!(output.0["stdout"], "out\n");
         assert_eq!(output.0["stderr"], "err\n");
     }

@@ -75,6 +75,7 @@ mod capture;
 pub mod command;
 mod fields;
 pub mod http;
+pub mod leftovers;
 pub mod noop;
 pub mod panic_report;
 mod registry;
@@ -245,12 +246,16 @@ impl ActionError {
 /// The operator's switches for the built-in kinds; both off by default
 /// because each opens a door (running programs, reaching the internal
 /// network) that an operator should open on purpose.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ActionSettings {
     /// COMMAND_ACTIONS_ENABLED
     pub command_actions_enabled: bool,
     /// HTTP_ACTION_ALLOW_PRIVATE
     pub http_action_allow_private: bool,
+    /// Where `command` actions write their running groups down, so a
+    /// start after a crash kills what they left ([`leftovers`]); `None`
+    /// keeps no such list.
+    pub command_ledger: Option<std::path::PathBuf>,
 }
 
 /// The template's config with the detail's params merged over it.

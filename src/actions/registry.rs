@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use super::command::CommandAction;
 use super::http::HttpAction;
+use super::leftovers::CommandLedger;
 use super::noop::NoopAction;
 use super::secrets::Secrets;
 use super::sleep::SleepAction;
@@ -37,8 +38,12 @@ impl ActionRegistry {
         registry.register(Arc::new(HttpAction::new(
             settings.http_action_allow_private,
         )));
+        let ledger = settings
+            .command_ledger
+            .map(|path| Arc::new(CommandLedger::at(path)));
         registry.register(Arc::new(CommandAction::new(
             settings.command_actions_enabled,
+            ledger,
         )));
         registry
     }
