@@ -19,6 +19,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use crate::persist::write_atomic;
+
 /// The running programs' groups, kept on disk while they run.
 #[derive(Debug)]
 pub struct CommandLedger {
@@ -64,26 +66,17 @@ impl CommandLedger {
         }
     }
 
-    /// The whole list, written to a temporary file and renamed over the old
-    /// one, so a crash leaves either list whole. A failed write is logged:
-    /// the program still runs, only a crash's cleanup would miss it.
+    /// The whole list, replaced atomically ([`write_atomic`]), so a crash
+    /// leaves either list whole. A failed write is logged: the program
+    /// still runs, only a crash's cleanup would miss it.
     fn save(&self, groups: &BTreeMap<i32, u64>) {
         let text: String = groups
             .iter()
             .map(|(group, started)| format!("{group} {started}\n"))
             .collect();
-        if let Some(directory) = self.path.parent() {
-            // PLAN_FILE's directory may not exist before the first plan
-            // write.
-            let _ = std::fs::create_dir_all(directory);
-        }
-        let temporary = self.path.with_extension("tmp");
-        let written =
-            std::fs::write(&temporary, text).and_then(|()| std::fs::rename(&temporary, &self.path));
-        if let Err(e) = written {
+        if let Err(e) = write_atomic(&self.path, text.as_bytes()) {
             tracing::warn!(
-                "Cannot write the running command actions' groups to {}: {e}; a crash now would leave their processes running",
-                self.path.display()
+                "Cannot write the running command actions' groups down: {e}; a crash now would leave their processes running"
             );
         }
     }
