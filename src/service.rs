@@ -315,9 +315,6 @@ impl Service {
     }
 }
 
-/// The clock anchored on the database's: the offset is measured once,
-/// halfway through a round trip, and the clock then runs on this host's
-/// monotonic time, so a step of the host's wall clock later moves nothing.
 /// Kills what the command actions of a run that died by SIGKILL left
 /// running ([`leftovers`]): their occurrences are about to run again.
 fn kill_command_leftovers(ledger: &std::path::Path) {
@@ -333,6 +330,9 @@ fn kill_command_leftovers(ledger: &std::path::Path) {
     }
 }
 
+/// The clock anchored on the database's: the offset is measured once,
+/// halfway through a round trip, and the clock then runs on this host's
+/// monotonic time, so a step of the host's wall clock later moves nothing.
 async fn align_to_database(store: &Store, clock: Clock) -> Result<Clock, ServiceError> {
     let sent = clock.now_ms();
     let db_now = store.db_now().await?;

@@ -70,9 +70,12 @@ impl CommandLedger {
     /// leaves either list whole. A failed write is logged: the program
     /// still runs, only a crash's cleanup would miss it.
     fn save(&self, groups: &BTreeMap<i32, u64>) {
-        let text: String = groups
-            .iter()
-            .map(|(group, started)| format!("{group} {started}\n"))
+        let text: String = std::iter::once(format!("{}\n", boot_line()))
+            .chain(
+                groups
+                    .iter()
+                    .map(|(group, started)| format!("{group} {started}\n")),
+            )
             .collect();
         if let Err(e) = write_atomic(&self.path, text.as_bytes()) {
             tracing::warn!(
@@ -80,6 +83,13 @@ impl CommandLedger {
             );
         }
     }
+}
+
+/// The ledger's first line: this boot's id, which the start times count
+/// from.
+fn boot_line() -> String {
+    let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    format!("boot {}", id.trim())
 }
 
 /// Where the ledger of a service with this plan file lives.
@@ -101,13 +111,18 @@ pub fn kill_leftovers(path: &Path) -> Vec<Leftover> {
         })
         .filter(|&(group, _)| group > 1)
         .collect();
+    // SAFETY: getpgrp(2) has no preconditions.
+    let own_group = unsafe { libc::getpgrp() };
     let mut killed = Vec::new();
-    if !groups.is_empty() {
+    // Start times count from boot: after a reboot they compare nothing,
+    // and nothing of the last run survived it anyway.
+    let same_boot = text.lines().next() == Some(boot_line().as_str());
+    if same_boot && !groups.is_empty() {
         for (pid, stat) in all_processes() {
             let Some(&leader_started) = groups.get(&stat.group) else {
                 continue;
             };
-            if stat.started < leader_started || pid == std::process::id() as i32 {
+            if stat.started < leader_started || stat.group == own_group {
                 continue;
             }
             // SAFETY: kill(2) has no memory-safety preconditions.
@@ -193,9 +208,23 @@ mod tests {
         let me = std::process::id() as i32;
         ledger.started(me);
         let text = std::fs::read_to_string(&path).unwrap();
-        assert!(text.starts_with(&format!("{me} ")), "{text}");
+        assert_eq!(
+            text,
+            format!(
+                "{}\n{me} {}\n",
+                boot_line(),
+                process_stat(me).unwrap().started
+            )
+        );
         ledger.ended(me);
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), "");
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            format!("{}\n", boot_line())
+        );
+        // This process is in its own group: never a leftover of itself.
+        ledger.started(me);
+        assert!(kill_leftovers(&path).is_empty());
+        assert!(!path.exists(), "the ledger is emptied");
         assert!(kill_leftovers(&files.path().join("none.commands")).is_empty());
     }
 }

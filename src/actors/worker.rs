@@ -642,7 +642,7 @@ impl WorkerState {
             // Stopped part-way, so it runs again as the next attempt, here
             // or on the peer that takes the lock over once it is stale.
             let why = format!(
-                "stopped: the lock was last renewed {} s ago and a peer may take it over at {} s                  (SCHEDULE_LOCK_TIMEOUT_SECONDS); the occurrence runs again",
+                "stopped: the lock was last renewed {} s ago and a peer may take it over at {} s (SCHEDULE_LOCK_TIMEOUT_SECONDS); the occurrence runs again",
                 (now - job.lock_renewed_at) / 1_000,
                 args.config.schedule_lock_timeout.as_secs()
             );
