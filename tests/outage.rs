@@ -154,6 +154,38 @@ async fn a_job_stopped_by_a_self_fence_runs_again_when_the_database_is_back() {
 
 // The database refuses the lock renewals of a running job while it still
 // takes everything else (heartbeats, claims, finishes): here a trigger.
+/// A trigger that fails every renewal of a claimed rule's lock (an update
+/// by the same holder that moves only its lock time), as a database that
+/// takes reads and claims but not that write would.
+async fn refuse_renewals(store: &ruled::store::Store, backend: Backend) {
+    let refusal = match backend {
+        Backend::Sqlite => vec![
+            "CREATE TRIGGER refuse_renewals BEFORE UPDATE ON branch_rules \
+             WHEN NEW.lock_holder = OLD.lock_holder AND NEW.is_currently_running \
+             AND NEW.lock_time <> OLD.lock_time \
+             BEGIN SELECT RAISE(ABORT, 'renewal refused by the test'); END",
+        ],
+        Backend::Postgres => vec![
+            "CREATE FUNCTION refuse_renewals() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN RAISE EXCEPTION 'renewal refused by the test'; END $$",
+            "CREATE TRIGGER refuse_renewals BEFORE UPDATE ON branch_rules FOR EACH ROW \
+             WHEN (NEW.lock_holder = OLD.lock_holder AND NEW.is_currently_running \
+             AND NEW.lock_time <> OLD.lock_time) EXECUTE FUNCTION refuse_renewals()",
+        ],
+    };
+    for statement in refusal {
+        store.execute_sql(statement).await.unwrap();
+    }
+}
+
+async fn allow_renewals(store: &ruled::store::Store, backend: Backend) {
+    let drop = match backend {
+        Backend::Sqlite => "DROP TRIGGER refuse_renewals",
+        Backend::Postgres => "DROP TRIGGER refuse_renewals ON branch_rules",
+    };
+    store.execute_sql(drop).await.unwrap();
+}
+
 // Left running, the job's lock would turn stale under it, and a peer
 // could take it over and run the occurrence beside it. The job stops
 // two missed renewals in, its finish is recorded and names why, and the
@@ -172,24 +204,7 @@ both_backends!(
         })
         .await;
         let store = running.service.store();
-        let refusal = match db.backend {
-            Backend::Sqlite => vec![
-                "CREATE TRIGGER refuse_renewals BEFORE UPDATE ON branch_rules \
-                 WHEN NEW.lock_holder = OLD.lock_holder AND NEW.is_currently_running \
-                 AND NEW.lock_time <> OLD.lock_time \
-                 BEGIN SELECT RAISE(ABORT, 'renewal refused by the test'); END",
-            ],
-            Backend::Postgres => vec![
-                "CREATE FUNCTION refuse_renewals() RETURNS trigger LANGUAGE plpgsql AS \
-                 $$ BEGIN RAISE EXCEPTION 'renewal refused by the test'; END $$",
-                "CREATE TRIGGER refuse_renewals BEFORE UPDATE ON branch_rules FOR EACH ROW \
-                 WHEN (NEW.lock_holder = OLD.lock_holder AND NEW.is_currently_running \
-                 AND NEW.lock_time <> OLD.lock_time) EXECUTE FUNCTION refuse_renewals()",
-            ],
-        };
-        for statement in refusal {
-            store.execute_sql(statement).await.unwrap();
-        }
+        refuse_renewals(store, db.backend).await;
         let due = chrono::Utc::now().timestamp_millis();
         let id = insert_rule(
             store,
@@ -200,11 +215,7 @@ both_backends!(
         .await;
 
         wait_for_execution(store, id, ExecutionStatus::Cancelled, DEADLINE).await;
-        let drop = match db.backend {
-            Backend::Sqlite => "DROP TRIGGER refuse_renewals",
-            Backend::Postgres => "DROP TRIGGER refuse_renewals ON branch_rules",
-        };
-        store.execute_sql(drop).await.unwrap();
+        allow_renewals(store, db.backend).await;
         let stopped = store.executions_for(id).await.unwrap().remove(0);
         assert_eq!((stopped.attempt, stopped.scheduled_for), (1, due));
         let error = stopped.error.clone().unwrap_or_default();
@@ -232,6 +243,72 @@ both_backends!(
                 || (run.status == ExecutionStatus::Cancelled && run.scheduled_for == due)),
             "{runs:?}"
         );
+        running.service.shutdown("test").await.unwrap();
+    }
+);
+
+// One worker and two rules: while the first job runs, the second's claim
+// waits in the queue, and the database refuses its renewals as well. By the
+// time the worker is free that lock is close to stale, so the job is not
+// started on it: the worker renews first, and when that fails too the job
+// is given back unstarted (no Running write, no action), Cancelled with
+// the occurrence left to run again. Once renewals land, both run.
+both_backends!(
+    a_queued_claim_whose_lock_cannot_be_renewed_is_given_back_unstarted,
+    tokio::test(flavor = "multi_thread", worker_threads = 2),
+    |db: TestDb| async move {
+        const ACTION_MS: i64 = 8_000;
+        let db = db;
+        let running = start_service_with(&db.url, |config| ruled::config::Config {
+            schedule_lock_timeout: Duration::from_secs(3),
+            worker_count: 1,
+            ..without_delays(config)
+        })
+        .await;
+        let store = running.service.store();
+        refuse_renewals(store, db.backend).await;
+        let due = chrono::Utc::now().timestamp_millis();
+        let steps = [step("sleep", json!({"ms": ACTION_MS}))];
+        let ids = [
+            insert_rule(store, YEARLY, due, &steps).await,
+            insert_rule(store, YEARLY, due, &steps).await,
+        ];
+
+        let given_back_unstarted = || async move {
+            for id in ids {
+                let runs = store.executions_for(id).await.unwrap_or_default();
+                let unstarted = runs.into_iter().find(|run| {
+                    run.status == ExecutionStatus::Cancelled && run.started_at.is_none()
+                });
+                if unstarted.is_some() {
+                    return unstarted;
+                }
+            }
+            None
+        };
+        eventually(DEADLINE, "a queued claim given back unstarted", || async {
+            given_back_unstarted().await.is_some()
+        })
+        .await;
+        let given_back = given_back_unstarted().await.unwrap();
+        allow_renewals(store, db.backend).await;
+        assert_eq!(given_back.scheduled_for, due, "{given_back:?}");
+        let error = given_back.error.clone().unwrap_or_default();
+        assert!(
+            error.contains("before it started") && error.contains("LockExpiring"),
+            "{given_back:?}"
+        );
+
+        for id in ids {
+            wait_for_execution(store, id, ExecutionStatus::Completed, DEADLINE).await;
+            let runs = store.executions_for(id).await.unwrap();
+            let completed: Vec<_> = runs
+                .iter()
+                .filter(|run| run.status == ExecutionStatus::Completed)
+                .collect();
+            assert_eq!(completed.len(), 1, "{runs:?}");
+            assert_eq!(completed[0].scheduled_for, due);
+        }
         running.service.shutdown("test").await.unwrap();
     }
 );

@@ -96,17 +96,29 @@ both_backends!(
     }
 );
 
+// The fetch that finds a rule held back by its branch sets it aside, out
+// of every later walk; the refresh that reads the branch switched on again
+// brings it back, still due, and ready.
 both_backends!(
-    a_deactivated_branch_stops_its_rules,
+    a_deactivated_branch_stops_its_rules_until_it_is_switched_on,
     |db: TestDb| async move {
         let (running, branch, id) = service_with_a_ready_rule(&db).await;
+        let service = &running.service;
         after_sql_not_ready(
-            &running.service,
+            service,
             &format!("UPDATE branches SET is_active = FALSE WHERE id = '{branch}'"),
             id,
             "rules of an inactive branch are not ready",
         )
         .await;
+        service
+            .store()
+            .execute_sql(&format!(
+                "UPDATE branches SET is_active = TRUE WHERE id = '{branch}'"
+            ))
+            .await
+            .unwrap();
+        wait_until_ready(service, id, true, "the branch switched on: ready again").await;
         running.service.shutdown("test").await.unwrap();
     }
 );

@@ -1062,16 +1062,11 @@ impl MasterState {
                 }
             })
             .collect();
+        let mut renewed_fences = HashSet::new();
         for (fence, renewed) in futures_join_all(pending).await {
             match renewed {
                 Ok(true) => {
-                    if let Some(job) = self
-                        .queue
-                        .queued_mut(&fence.branch_rule_id)
-                        .filter(|job| job.fence == fence)
-                    {
-                        job.lock_renewed_at = now;
-                    }
+                    renewed_fences.insert(fence);
                 }
                 Ok(false) => {
                     if self.queue.remove_queued(fence.branch_rule_id).is_some() {
@@ -1083,6 +1078,15 @@ impl MasterState {
                 Err(e) => {
                     metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "renew_lock").increment(1);
                     debug!(branch_rule_id = %fence.branch_rule_id, "Queued claim not renewed: {e}");
+                }
+            }
+        }
+        // One pass stamps them all: a search of the queue for each would
+        // cost a deep queue's length squared.
+        if !renewed_fences.is_empty() {
+            for job in self.queue.queued_jobs_mut() {
+                if renewed_fences.contains(&job.fence) {
+                    job.lock_renewed_at = now;
                 }
             }
         }

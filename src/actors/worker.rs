@@ -325,6 +325,9 @@ impl WorkerState {
         job: Box<Job>,
         scheduled: PendingTransition,
     ) {
+        let Some(job) = self.with_live_lock(myself, job).await else {
+            return;
+        };
         let running = if self.throttled {
             None
         } else {
@@ -347,6 +350,40 @@ impl WorkerState {
                 self.start(myself, job, check, at).await
             }
             None => self.hold(myself, job),
+        }
+    }
+
+    /// A claim that waited in the queue while the database refused its
+    /// renewals may be close to stale: started, it would run while a peer
+    /// is free to take it over. Its lock is renewed first, and the job is
+    /// given back unstarted (Cancelled, the occurrence left to run again)
+    /// when that fails too, or dropped when the claim is gone.
+    async fn with_live_lock(
+        &mut self,
+        myself: &ActorRef<WorkerMsg>,
+        mut job: Box<Job>,
+    ) -> Option<Box<Job>> {
+        let now = self.args.clock.now_ms();
+        if !lock_expiring(&self.args.config, job.lock_renewed_at, now) {
+            return Some(job);
+        }
+        match self.args.batcher.renew_lock(&job.fence, now).await {
+            Ok(true) => {
+                job.lock_renewed_at = now;
+                Some(job)
+            }
+            Ok(false) => {
+                warn!(branch_rule_id = %job.branch_rule_id(), execution_id = %job.execution_id(), "🔒 Worker-{} found its claim taken over before it started; dropped unwritten", self.args.number);
+                self.report(&job, ExecutionStatus::Cancelled);
+                myself.stop(Some("claim lost before start".into()));
+                None
+            }
+            Err(e) => {
+                renewal_failed(&self.args.config, &job, now, &e);
+                self.give_back_unstarted(myself, job, CancelReason::LockExpiring)
+                    .await;
+                None
+            }
         }
     }
 
@@ -546,7 +583,16 @@ impl WorkerState {
             return;
         };
         held.renewal.abort();
-        let job = held.job;
+        self.give_back_unstarted(myself, held.job, reason).await;
+    }
+
+    /// Ends a job that never started ([`drop_held`](Self::drop_held)).
+    async fn give_back_unstarted(
+        &mut self,
+        myself: &ActorRef<WorkerMsg>,
+        job: Box<Job>,
+        reason: CancelReason,
+    ) {
         let (branch_rule_id, execution_id) = (job.branch_rule_id(), job.execution_id());
         warn!(%branch_rule_id, %execution_id, "🛑 Worker-{} dropped its job before it started: {reason:?}", self.args.number);
         if reason != CancelReason::LockLost {
@@ -616,44 +662,6 @@ impl WorkerState {
         let now = args.clock.now_ms();
         let execution_id = job.execution_id();
         let branch_rule_id = job.branch_rule_id();
-        let ending = match (outcome.status, current.cancel_reason) {
-            (ExecutionStatus::Cancelled, Some(reason)) => {
-                reason.ending().unwrap_or(Ending::Cancelled)
-            }
-            (status, _) => Ending::of(status),
-        };
-        let (decision, no_next_run) = decide_at_finish(&args.directory, &job, ending, now).await;
-        let error = match (&outcome.error, &no_next_run) {
-            (error, None) => error.clone(),
-            (None, Some(problem)) => Some(problem.clone()),
-            (Some(error), Some(problem)) => Some(format!("{error}; {problem}")),
-        };
-        if let Some(problem) = &no_next_run {
-            warn!(%branch_rule_id, %execution_id, "⏸️ {problem}");
-        }
-        let retry = decision.retry_at();
-        let output = Some(json!({
-            "worker": format!("Worker-{}", args.number),
-            "steps": outcome.output,
-        }));
-        let stopped_unrenewed = outcome.status == ExecutionStatus::Cancelled
-            && current.cancel_reason == Some(CancelReason::LockExpiring);
-        let finish = if stopped_unrenewed {
-            // Stopped part-way, so it runs again as the next attempt, here
-            // or on the peer that takes the lock over once it is stale.
-            let why = format!(
-                "stopped: the lock was last renewed {} s ago and a peer may take it over at {} s (SCHEDULE_LOCK_TIMEOUT_SECONDS); the occurrence runs again",
-                (now - job.lock_renewed_at) / 1_000,
-                args.config.schedule_lock_timeout.as_secs()
-            );
-            Finish {
-                output,
-                ..Finish::leaving_due(outcome.status, now, why)
-            }
-        } else {
-            decision.finish(outcome.status, now, error, output, true)
-        };
-        let elapsed = current.started.elapsed();
         if current.cancel_reason == Some(CancelReason::LockLost) {
             // Another owner holds the occurrence; our write would be fenced
             // out anyway, so do not pretend to record it.
@@ -661,6 +669,51 @@ impl WorkerState {
             self.report(&job, outcome.status);
             return;
         }
+        let output = Some(json!({
+            "worker": format!("Worker-{}", args.number),
+            "steps": outcome.output,
+        }));
+        let stopped_unrenewed = outcome.status == ExecutionStatus::Cancelled
+            && current.cancel_reason == Some(CancelReason::LockExpiring);
+        let (finish, retry) = if stopped_unrenewed {
+            // Stopped part-way, so it runs again as the next attempt, here
+            // or on the peer that takes the lock over once it is stale: no
+            // policy decides anything (no retry, no next run), so none is
+            // asked for.
+            let why = format!(
+                "stopped: the lock was last renewed {} s ago and a peer may take it over at {} s (SCHEDULE_LOCK_TIMEOUT_SECONDS); the occurrence runs again",
+                (now - job.lock_renewed_at) / 1_000,
+                args.config.schedule_lock_timeout.as_secs()
+            );
+            let finish = Finish {
+                output,
+                ..Finish::leaving_due(outcome.status, now, why)
+            };
+            (finish, None)
+        } else {
+            let ending = match (outcome.status, current.cancel_reason) {
+                (ExecutionStatus::Cancelled, Some(reason)) => {
+                    reason.ending().unwrap_or(Ending::Cancelled)
+                }
+                (status, _) => Ending::of(status),
+            };
+            let (decision, no_next_run) =
+                decide_at_finish(&args.directory, &job, ending, now).await;
+            let error = match (&outcome.error, &no_next_run) {
+                (error, None) => error.clone(),
+                (None, Some(problem)) => Some(problem.clone()),
+                (Some(error), Some(problem)) => Some(format!("{error}; {problem}")),
+            };
+            if let Some(problem) = &no_next_run {
+                warn!(%branch_rule_id, %execution_id, "⏸️ {problem}");
+            }
+            let retry = decision.retry_at();
+            (
+                decision.finish(outcome.status, now, error, output, true),
+                retry,
+            )
+        };
+        let elapsed = current.started.elapsed();
         let finish_skipped = finish.skipped.clone();
         // The slot is handed back as soon as the finish is queued: the next
         // job's Scheduled and Running writes then share its commit, instead

@@ -4,7 +4,7 @@
 use chrono_tz::Tz;
 use uuid::Uuid;
 
-use super::{Cadence, ExecutionPlan, NotReady, check_ready, schedule_of};
+use super::{Cadence, ExecutionPlan, HELD_BACK, NotReady, check_ready, schedule_of};
 use crate::clock::millis_to_utc;
 use crate::cluster::Ownership;
 use crate::model::{ActionDetail, ActionTemplate, BranchRule, Millis};
@@ -139,7 +139,7 @@ pub fn next_wake_while_busy(plan: &ExecutionPlan, now: Millis, ownership: &Owner
 /// The earliest next_run_time after `now` among the rules owned here.
 fn next_future_due(plan: &ExecutionPlan, now: Millis, ownership: &Ownership) -> Option<Millis> {
     plan.due_index
-        .range((now.saturating_add(1), Uuid::nil())..)
+        .range((now.saturating_add(1), Uuid::nil())..(HELD_BACK, Uuid::nil()))
         .find(|(_, id)| ownership.owns(id))
         .map(|&(at, _)| at)
 }

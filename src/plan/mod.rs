@@ -197,8 +197,13 @@ pub struct ExecutionPlan {
     /// every fetch (122 ms a fetch with 100,000 of them). Any change of the
     /// workflow, of the branches (their zones) or of the start offsets puts
     /// it back at its indexed time, and so does the opening itself: from
-    /// then on it keeps its place in due order. Never saved: a new plan
-    /// walks again.
+    /// then on it keeps its place in due order. Due workflows held back by
+    /// another row (a branch or rule that is inactive or gone, a bad zone,
+    /// a quarantined row they depend on) are parked the same way at
+    /// [`HELD_BACK`], until a refresh changes the catalog or releases a
+    /// row from quarantine: a branch switched off with 100,000 rules was
+    /// otherwise walked past on every fetch. Never saved: a new plan walks
+    /// again.
     parked: ParkedSet,
     /// Rules read as running under another holder's live lock: the ones to
     /// look at again when a lock may have turned stale without its row
@@ -207,6 +212,12 @@ pub struct ExecutionPlan {
     /// look, so only the reads have to add to it.
     foreign_locks: HashSet<Uuid>,
 }
+
+/// Where a due workflow held back by another row is parked in the due
+/// index: after every time, so neither a walk of the due part nor the
+/// master's next wake reaches it. Only a change of the catalog (or of the
+/// quarantine) brings it back.
+pub(crate) const HELD_BACK: Millis = Millis::MAX;
 
 /// Where a parked workflow sits in the due index, and whether its window
 /// opened and closed again since it fell due (see [`missed_windows`]).
@@ -249,6 +260,14 @@ impl ParkedSet {
 
     fn iter(&self) -> impl Iterator<Item = (&Uuid, &Parked)> {
         self.by_id.iter()
+    }
+
+    /// The ids held back by another row ([`HELD_BACK`]).
+    fn held_back(&self) -> Vec<Uuid> {
+        self.by_opening
+            .range((HELD_BACK, Uuid::nil())..)
+            .map(|&(_, id)| id)
+            .collect()
     }
 
     /// The ids whose window opened at or before `now`.
@@ -370,14 +389,15 @@ impl ExecutionPlan {
         }
         // A refresh hands over every table each time; only a real change
         // costs the plan file a snapshot.
-        self.changes.tables |= brands != self.brands
-            || branches != self.branches
+        let branches_changed = branches != self.branches;
+        let others_changed = brands != self.brands
             || rules != self.rules
             || brand_rules != self.brand_rules
             || action_templates != self.action_templates
             || grouped != self.action_details;
+        self.changes.tables |= branches_changed || others_changed;
         self.brands = brands;
-        if branches != self.branches {
+        if branches_changed {
             // A zone may have changed, and with it every window opening.
             self.unpark_all();
         }
@@ -393,6 +413,10 @@ impl ExecutionPlan {
         self.brand_rules = brand_rules;
         self.action_templates = action_templates;
         self.action_details = grouped;
+        if others_changed {
+            // A rule switched on, or a row a held rule waited for.
+            self.release_held_back();
+        }
     }
 
     /// Every workflow's index entry again: a rule's start offset changed,
@@ -496,6 +520,9 @@ impl ExecutionPlan {
         rejected.extend(screen(&mut load.data));
         let decoded = load.data.branch_rules.iter().map(|row| row.id);
         let change = self.quarantine.apply(rejected, decoded, load.data.scope);
+        if !change.released.is_empty() {
+            self.release_held_back();
+        }
         let held: Vec<Uuid> = self.quarantine.branch_rule_ids().collect();
         for id in held {
             if self.get(&id).is_some_and(|w| w.missing_since.is_none()) {
@@ -585,6 +612,21 @@ impl ExecutionPlan {
         self.due_index.remove(&(at, id));
         self.due_index.insert((until, id));
         self.parked.insert(id, Parked { until, missed });
+    }
+
+    /// Parks a due workflow that another row holds back ([`HELD_BACK`]).
+    pub(crate) fn hold_back(&mut self, id: Uuid) {
+        self.park(id, HELD_BACK, false);
+    }
+
+    /// Every workflow held back by another row back at its indexed time,
+    /// for the next walk to check again.
+    fn release_held_back(&mut self) {
+        for id in self.parked.held_back() {
+            if let Some(parked) = self.parked.remove(&id) {
+                self.back_to_indexed_time(id, parked);
+            }
+        }
     }
 
     /// Every parked workflow back at its indexed time.
@@ -765,7 +807,10 @@ impl ExecutionPlan {
 
     /// The earliest next_run_time in the index, for the master's wake-up.
     pub fn earliest_due(&self) -> Option<Millis> {
-        self.due_index.first().map(|&(at, _)| at)
+        self.due_index
+            .first()
+            .map(|&(at, _)| at)
+            .filter(|&at| at != HELD_BACK)
     }
 
     pub fn stats(&self, now: Millis) -> PlanStats {

@@ -61,6 +61,21 @@ pub enum NotReady {
 }
 
 impl NotReady {
+    /// Held back by another row (its branch or rule, switched off or
+    /// gone, a bad zone, a quarantined row it depends on): nothing but a
+    /// change of that row can make it ready.
+    pub(crate) fn waits_for_another_row(&self) -> bool {
+        matches!(
+            self,
+            NotReady::BranchMissing
+                | NotReady::BranchInactive
+                | NotReady::RuleMissing
+                | NotReady::RuleInactive
+                | NotReady::InvalidTimezone { .. }
+                | NotReady::Quarantined { .. }
+        )
+    }
+
     /// Held for a problem an operator must fix, rather than waiting for
     /// time, a window or a flag.
     pub fn is_held(&self) -> bool {
@@ -263,8 +278,9 @@ pub fn ready_owned(
 
 /// [`ready_owned`] for the plan's owner, which parks every due workflow
 /// it finds waiting for its operation window at that window's next
-/// opening: later walks pass over it until then (see `ExecutionPlan`'s
-/// `parked`), where every fetch used to check it again.
+/// opening, and every one held back by another row until that row
+/// changes: later walks pass over them until then (see `ExecutionPlan`'s
+/// `parked`), where every fetch used to check them again.
 pub fn take_ready_owned(
     plan: &mut ExecutionPlan,
     now: Millis,
@@ -275,6 +291,7 @@ pub fn take_ready_owned(
     plan.unpark_opened(now);
     let mut ready = Vec::new();
     let mut waiting = Vec::new();
+    let mut held_back = Vec::new();
     for id in plan.due_ids(now) {
         if ready.len() >= cap {
             break;
@@ -292,11 +309,15 @@ pub fn take_ready_owned(
                 window_opening(plan, workflow, window, now, default_zone),
                 missed_since_due(plan, workflow, window, now, default_zone),
             )),
+            Err(reason) if reason.waits_for_another_row() => held_back.push(id),
             Err(_) => {}
         }
     }
     for (id, opening, missed) in waiting {
         plan.park(id, opening, missed);
+    }
+    for id in held_back {
+        plan.hold_back(id);
     }
     ready
 }
@@ -467,6 +488,55 @@ mod tests {
         take_ready_owned(&mut plan, NOW, 500, utc, all);
         plan.remove(&id);
         assert_eq!(plan.earliest_due(), None);
+    }
+
+    #[test]
+    fn a_rule_held_back_by_another_row_is_set_aside_until_that_row_changes() {
+        let utc = chrono_tz::UTC;
+        let all = &Ownership::All;
+        let fixture = Fixture::due(NOW - 60_000);
+        let id = fixture.workflow_id;
+        let mut branch_off = fixture.clone();
+        branch_off.branch.is_active = false;
+        let mut rule_off = fixture.clone();
+        rule_off.rule.status = RuleStatus::Inactive;
+        let mut bad_zone = fixture.clone();
+        bad_zone.branch.timezone = Some("Mars/Olympus".into());
+        for held in [branch_off, rule_off, bad_zone] {
+            let mut plan = ExecutionPlan::from_load(crate::model::PlanLoad {
+                data: held.data(),
+                rejected: vec![],
+            });
+            assert_eq!(plan.due_ids(NOW).count(), 1);
+            assert!(take_ready_owned(&mut plan, NOW, 500, utc, all).is_empty());
+            // Out of every walk and every wake; still due, and held, for
+            // the counts and the reasons.
+            assert_eq!(plan.due_ids(NOW).count(), 0);
+            assert_eq!(plan.earliest_due(), None);
+            assert_eq!(crate::plan::next_wake(&plan, NOW, utc, all), None);
+            assert_eq!(plan.stats(NOW).due, 1);
+            assert!(check_ready(&plan, plan.get(&id).unwrap(), NOW, utc).is_err());
+
+            // A refresh that changed nothing keeps it aside.
+            let mut load = crate::model::PlanLoad {
+                data: held.data(),
+                rejected: vec![],
+            };
+            plan.quarantine_bad_rows(&mut load, NOW);
+            crate::plan::merge(&mut plan, load.data, NOW, Default::default());
+            assert_eq!(plan.due_ids(NOW).count(), 0);
+
+            // The row fixed (switched on, the zone corrected): back at its
+            // due time, and ready.
+            let mut load = crate::model::PlanLoad {
+                data: fixture.data(),
+                rejected: vec![],
+            };
+            plan.quarantine_bad_rows(&mut load, NOW);
+            crate::plan::merge(&mut plan, load.data, NOW, Default::default());
+            assert_eq!(plan.earliest_due(), Some(NOW - 60_000));
+            assert_eq!(take_ready_owned(&mut plan, NOW, 500, utc, all), [id]);
+        }
     }
 
     fn window_case(

@@ -167,15 +167,9 @@ impl<J> JobQueue<J> {
             .map(|(_, job)| job)
     }
 
-    /// The queued job of a rule, to change in place.
-    pub fn queued_mut(&mut self, id: &Uuid) -> Option<&mut J> {
-        if !self.queued_ids.contains(id) {
-            return None;
-        }
-        self.queued
-            .iter_mut()
-            .find(|(queued, _)| queued == id)
-            .map(|(_, job)| job)
+    /// Every queued job, oldest first, to change in place.
+    pub fn queued_jobs_mut(&mut self) -> impl Iterator<Item = &mut J> {
+        self.queued.iter_mut().map(|(_, job)| job)
     }
 
     /// The rule of the first queued job matching `matches`.
