@@ -10,7 +10,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::rules::{YEARLY, insert_rule, step};
-use common::service::{start_service_with, without_delays};
+use common::service::{RunningService, start_service_with, without_delays};
 use common::{TestDb, eventually, wait_for_execution};
 use ruled::actors::ask;
 use ruled::messages::{LeaseMsg, MasterMsg, PlanMsg};
@@ -178,6 +178,20 @@ async fn refuse_renewals(store: &ruled::store::Store, backend: Backend) {
     }
 }
 
+/// A service whose locks are renewed every second and stale after three
+/// (with `worker_count` workers, or the default), on a database that
+/// refuses every renewal ([`refuse_renewals`]).
+async fn service_refusing_renewals(db: &TestDb, worker_count: Option<usize>) -> RunningService {
+    let running = start_service_with(&db.url, |config| ruled::config::Config {
+        schedule_lock_timeout: Duration::from_secs(3),
+        worker_count: worker_count.unwrap_or(config.worker_count),
+        ..without_delays(config)
+    })
+    .await;
+    refuse_renewals(running.service.store(), db.backend).await;
+    running
+}
+
 async fn allow_renewals(store: &ruled::store::Store, backend: Backend) {
     let drop = match backend {
         Backend::Sqlite => "DROP TRIGGER refuse_renewals",
@@ -197,14 +211,8 @@ both_backends!(
         const ACTION_MS: i64 = 8_000;
         // The whole of `db`, not only the fields used, lives to the end.
         let db = db;
-        let running = start_service_with(&db.url, |config| ruled::config::Config {
-            // Renewed every second; stale after three.
-            schedule_lock_timeout: Duration::from_secs(3),
-            ..without_delays(config)
-        })
-        .await;
+        let running = service_refusing_renewals(&db, None).await;
         let store = running.service.store();
-        refuse_renewals(store, db.backend).await;
         let due = chrono::Utc::now().timestamp_millis();
         let id = insert_rule(
             store,
@@ -259,14 +267,8 @@ both_backends!(
     |db: TestDb| async move {
         const ACTION_MS: i64 = 8_000;
         let db = db;
-        let running = start_service_with(&db.url, |config| ruled::config::Config {
-            schedule_lock_timeout: Duration::from_secs(3),
-            worker_count: 1,
-            ..without_delays(config)
-        })
-        .await;
+        let running = service_refusing_renewals(&db, Some(1)).await;
         let store = running.service.store();
-        refuse_renewals(store, db.backend).await;
         let due = chrono::Utc::now().timestamp_millis();
         let steps = [step("sleep", json!({"ms": ACTION_MS}))];
         let ids = [
