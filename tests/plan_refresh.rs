@@ -3,15 +3,21 @@
 
 mod common;
 
-use common::service::{DEADLINE, RunningService, ready_ids, start_service};
-use common::{TestDb, eventually};
+use std::time::Duration;
+
+use common::service::{
+    DEADLINE, RunningService, ready_ids, start_service, start_service_with, without_delays,
+};
+use common::{TestDb, eventually, wait_for_execution};
 use ruled::actors::ask;
+use ruled::messages::PlanMsg;
+use ruled::model::ExecutionStatus;
 use ruled::service::Service;
 use uuid::Uuid;
 
 /// Inserts a brand, a branch, an active rule and a branch rule due a minute
 /// ago, all with plain SQL as an operator or another system would.
-async fn insert_due_rule(service: &Service) -> (Uuid, Uuid) {
+async fn insert_due_rule(service: &Service, branch_is_active: bool) -> (Uuid, Uuid) {
     let store = service.store();
     let (brand, branch, rule, branch_rule) = (
         Uuid::new_v4(),
@@ -28,7 +34,7 @@ async fn insert_due_rule(service: &Service) -> (Uuid, Uuid) {
         ),
         format!(
             "INSERT INTO branches (id, brand_id, name, timezone, is_active, created_at, updated_at) \
-             VALUES ('{branch}', '{brand}', 'sql branch', 'America/New_York', TRUE, {now}, {now})"
+             VALUES ('{branch}', '{brand}', 'sql branch', 'America/New_York', {branch_is_active}, {now}, {now})"
         ),
         format!(
             "INSERT INTO rules (id, brand_id, name, status, cron_expression, settings, created_at, updated_at) \
@@ -56,7 +62,7 @@ async fn wait_until_ready(service: &Service, id: Uuid, expected: bool, what: &st
 /// Returns the service, the branch id and the branch rule id.
 async fn service_with_a_ready_rule(db: &TestDb) -> (RunningService, Uuid, Uuid) {
     let running = start_service(&db.url).await;
-    let (branch, id) = insert_due_rule(&running.service).await;
+    let (branch, id) = insert_due_rule(&running.service, true).await;
     wait_until_ready(
         &running.service,
         id,
@@ -155,6 +161,43 @@ both_backends!(
             .unwrap();
         assert!(stats.refreshes_ok >= 2, "{stats:?}");
         assert_eq!(stats.refreshes_failed, 0, "{stats:?}");
+        running.service.shutdown("test").await.unwrap();
+    }
+);
+
+// A rule due on a switched-off branch is set aside by the fetch that finds
+// it. Switching the branch on changes no branch rule row, yet the refresh
+// that reads it wakes the master, which runs the rule at once rather than
+// at its next tick (MASTER_FETCH_INTERVAL_SECONDS, a minute here).
+both_backends!(
+    a_branch_switched_on_runs_its_due_rules_at_once,
+    |db: TestDb| async move {
+        // The whole of `db`, not only its url, lives to the end.
+        let db = db;
+        let running = start_service_with(&db.url, without_delays).await;
+        let service = &running.service;
+        assert_eq!(
+            service.config().master_fetch_interval,
+            Duration::from_secs(60)
+        );
+        let (branch, id) = insert_due_rule(service, false).await;
+        eventually(DEADLINE, "the rule is in the plan", || async {
+            let plan = service.directory().plan().unwrap();
+            ask(&plan, PlanMsg::Stats)
+                .await
+                .is_ok_and(|stats| stats.workflows == 1)
+        })
+        .await;
+        // The plan's own fetch sets it aside.
+        wait_until_ready(service, id, false, "not ready on a switched-off branch").await;
+        let store = service.store();
+        store
+            .execute_sql(&format!(
+                "UPDATE branches SET is_active = TRUE WHERE id = '{branch}'"
+            ))
+            .await
+            .unwrap();
+        wait_for_execution(store, id, ExecutionStatus::Completed, DEADLINE).await;
         running.service.shutdown("test").await.unwrap();
     }
 );

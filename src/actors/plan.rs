@@ -287,7 +287,11 @@ impl Actor for PlanActor {
                 if !report.is_empty() || report.preserved > 0 || !turned_stale.is_empty() {
                     state.mark_dirty(&myself);
                 }
-                if !report.is_empty() || !turned_stale.is_empty() {
+                // A row released from the quarantine, or a branch or rule
+                // switched on, can make due rules ready without a change
+                // of their own rows.
+                let released = report.released > 0 || !change.released.is_empty();
+                if !report.is_empty() || released || !turned_stale.is_empty() {
                     state.notify_master();
                 }
                 let _ = reply.send(report);

@@ -89,8 +89,10 @@ pub fn job_spec(
 /// When the master should next fetch: the earliest future next_run_time,
 /// or the opening of the window a due workflow waits for. Workflows held
 /// back for other reasons (running, inactive branch) wake the master through
-/// the plan change that frees them, so they are not counted here; that keeps
-/// a rule stuck outside its window from spinning the master.
+/// the plan change that frees them (their row's, or the lookup table's:
+/// [`MergeReport::released`](super::MergeReport::released)), so they are
+/// not counted here; that keeps a rule stuck outside its window from
+/// spinning the master.
 pub fn next_wake(
     plan: &ExecutionPlan,
     now: Millis,

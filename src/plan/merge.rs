@@ -57,6 +57,11 @@ pub struct MergeReport {
     /// many branch rules exist (a delete, or an insert the delta missed):
     /// the caller should follow up with a full read.
     pub full_refresh_needed: bool,
+    /// Workflows parked for their window or set aside behind another row
+    /// that a change of the lookup tables put back among the due ones (a
+    /// branch switched on, a zone changed): no branch rule row changed, yet
+    /// the master has to look again.
+    pub released: usize,
 }
 
 impl MergeReport {
@@ -79,6 +84,7 @@ impl MergeReport {
             self.note_next_run_change(change.id, change.from, change.to);
         }
         self.full_refresh_needed = later.full_refresh_needed;
+        self.released += later.released;
     }
 
     fn note_next_run_change(&mut self, id: Uuid, from: Option<Millis>, to: Option<Millis>) {
@@ -106,7 +112,7 @@ pub fn merge(
     // read, the last rule in it may be partial and later ones are absent.
     plan.action_details_cut_at = server.action_details_cut;
     // Lookup tables carry no local state: the database is always right.
-    plan.replace_tables(
+    report.released = plan.replace_tables(
         server.brands,
         server.branches,
         server.rules,

@@ -253,6 +253,10 @@ impl ParkedSet {
         Some(parked)
     }
 
+    fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
     fn take(&mut self) -> HashMap<Uuid, Parked> {
         self.by_opening.clear();
         std::mem::take(&mut self.by_id)
@@ -363,6 +367,9 @@ impl ExecutionPlan {
         }
     }
 
+    /// Takes the database's lookup tables. Returns how many parked or
+    /// set-aside workflows the change put back in the due part of the
+    /// index, for the master to look at again.
     pub(crate) fn replace_tables(
         &mut self,
         brands: Vec<Brand>,
@@ -371,7 +378,8 @@ impl ExecutionPlan {
         brand_rules: Vec<BrandRule>,
         action_templates: Vec<ActionTemplate>,
         action_details: Vec<ActionDetail>,
-    ) {
+    ) -> usize {
+        let parked_before = self.parked.len();
         let brands = by_id(brands, |b| b.id);
         let branches = by_id(branches, |b| b.id);
         let brand_rules = by_id(brand_rules, |r| r.id);
@@ -417,6 +425,7 @@ impl ExecutionPlan {
             // A rule switched on, or a row a held rule waited for.
             self.release_held_back();
         }
+        parked_before - self.parked.len()
     }
 
     /// Every workflow's index entry again: a rule's start offset changed,
