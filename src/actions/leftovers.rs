@@ -17,7 +17,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 use crate::persist::write_atomic;
 
@@ -86,10 +86,14 @@ impl CommandLedger {
 }
 
 /// The ledger's first line: this boot's id, which the start times count
-/// from.
-fn boot_line() -> String {
-    let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
-    format!("boot {}", id.trim())
+/// from. Read once: it cannot change while the process lives, and every
+/// command's start and end rewrites the ledger.
+fn boot_line() -> &'static str {
+    static BOOT_LINE: OnceLock<String> = OnceLock::new();
+    BOOT_LINE.get_or_init(|| {
+        let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+        format!("boot {}", id.trim())
+    })
 }
 
 /// Where the ledger of a service with this plan file lives.
@@ -116,7 +120,7 @@ pub fn kill_leftovers(path: &Path) -> Vec<Leftover> {
     let mut killed = Vec::new();
     // Start times count from boot: after a reboot they compare nothing,
     // and nothing of the last run survived it anyway.
-    let same_boot = text.lines().next() == Some(boot_line().as_str());
+    let same_boot = text.lines().next() == Some(boot_line());
     if same_boot && !groups.is_empty() {
         for (pid, stat) in all_processes() {
             let Some(&leader_started) = groups.get(&stat.group) else {
