@@ -10,12 +10,16 @@
 //!
 //! `RULED_BENCH_BACKENDS=sqlite` skips PostgreSQL; `RULED_BENCH_WORKERS=10,200`
 //! sets the burst's worker counts; `RULED_BENCH_LOG=info` (any tracing
-//! filter) prints the service's log on stderr.
+//! filter) prints the service's log on stderr; `RULED_BENCH_SHOW_LATE=<ms>`
+//! prints each job that started later than that, with the lag at each
+//! recorded state.
 //!
 //! `RULED_BENCH_SCENARIO=growth` measures instead how the drain rate holds
 //! as work grows (issue 15): bursts of 1,000, 10,000 and 100,000, and the
 //! 10,000 burst again over `RULED_BENCH_HISTORY` (default 10,000,000) rows
-//! of finished executions already in the table.
+//! of finished executions already in the table, checkpointed and synced
+//! before the drain starts (`RULED_BENCH_HISTORY_PAUSE=<s>` waits that
+//! long after, to attach a profiler to the drain alone).
 //!
 //! `RULED_BENCH_SCENARIO=peers` is ruled's side of `benches/peers` (issue
 //! 15): occurrences due on every whole second, and one drain, on SQLite
@@ -110,6 +114,17 @@ async fn run_until(
             ))
             .await
             .unwrap();
+        settle_history(&store).await;
+        // RULED_BENCH_HISTORY_PAUSE=<s>: time to attach a profiler to the
+        // drain alone, after minutes of history inserts.
+        if let Ok(pause) = std::env::var("RULED_BENCH_HISTORY_PAUSE") {
+            eprintln!(
+                "pausing {pause} s before the drain; pid {}",
+                std::process::id()
+            );
+            let pause = pause.parse().expect("RULED_BENCH_HISTORY_PAUSE: seconds");
+            tokio::time::sleep(Duration::from_secs(pause)).await;
+        }
     }
     let total = due.len() as i64;
     let started = Instant::now();
@@ -136,6 +151,11 @@ async fn run_until(
     let mut lags = Vec::with_capacity(due.len());
     let mut first_started_at = Millis::MAX;
     let mut cursor = None;
+    // RULED_BENCH_SHOW_LATE=<ms>: each job that started later than that,
+    // with the lag at each recorded state, to see where a tail comes from.
+    let show_late: Option<Millis> = std::env::var("RULED_BENCH_SHOW_LATE")
+        .ok()
+        .map(|ms| ms.parse().expect("RULED_BENCH_SHOW_LATE: milliseconds"));
     loop {
         let filter = ruled::store::ExecutionFilter {
             limit: 1_000,
@@ -152,6 +172,17 @@ async fn run_until(
             let started_at = execution.started_at.unwrap();
             first_started_at = first_started_at.min(started_at);
             lags.push(started_at - execution.scheduled_for);
+            if show_late.is_some_and(|late| started_at - execution.scheduled_for > late) {
+                let due = execution.scheduled_for;
+                eprintln!(
+                    "late: due at +{} ms; requested +{}, scheduled +{}, started +{}, finished +{} ms",
+                    due - started_ms,
+                    execution.requested_at - due,
+                    execution.scheduled_at.unwrap() - due,
+                    started_at - due,
+                    execution.finished_at.unwrap() - due,
+                );
+            }
         }
         cursor = filter.next_cursor(&page);
         if cursor.is_none() {
@@ -283,6 +314,26 @@ async fn seed_history(store: &Store, rules: &[Uuid], count: usize) {
         .execute_sql("DROP TABLE bench_history_rules")
         .await
         .unwrap();
+}
+
+/// The history as a service running for months finds it: copied out of
+/// the WAL into the database file and on disk. Straight after the
+/// inserts, the first drain paid for the seeding's last checkpoints and
+/// its dirty pages (7,595 against 8,875 jobs/s, BENCHMARKS.md, *The
+/// history settled*), which is the bench's set-up, not the engine.
+async fn settle_history(store: &Store) {
+    let settling = Instant::now();
+    let statement = match store {
+        Store::Sqlite(_) => "PRAGMA wal_checkpoint(TRUNCATE)",
+        Store::Postgres(_) => "CHECKPOINT",
+    };
+    store.execute_sql(statement).await.unwrap();
+    let synced = std::process::Command::new("sync").status();
+    assert!(synced.is_ok_and(|status| status.success()), "sync failed");
+    eprintln!(
+        "history settled in {:.1} s",
+        settling.elapsed().as_secs_f64()
+    );
 }
 
 fn percentile(sorted: &[Millis], p: f64) -> Millis {
