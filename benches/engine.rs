@@ -117,12 +117,12 @@ async fn run_until(
         settle_history(&store).await;
         // RULED_BENCH_HISTORY_PAUSE=<s>: time to attach a profiler to the
         // drain alone, after minutes of history inserts.
-        if let Ok(pause) = std::env::var("RULED_BENCH_HISTORY_PAUSE") {
+        let pause: u64 = common::env_or("RULED_BENCH_HISTORY_PAUSE", 0);
+        if pause > 0 {
             eprintln!(
                 "pausing {pause} s before the drain; pid {}",
                 std::process::id()
             );
-            let pause = pause.parse().expect("RULED_BENCH_HISTORY_PAUSE: seconds");
             tokio::time::sleep(Duration::from_secs(pause)).await;
         }
     }
@@ -153,9 +153,7 @@ async fn run_until(
     let mut cursor = None;
     // RULED_BENCH_SHOW_LATE=<ms>: each job that started later than that,
     // with the lag at each recorded state, to see where a tail comes from.
-    let show_late: Option<Millis> = std::env::var("RULED_BENCH_SHOW_LATE")
-        .ok()
-        .map(|ms| ms.parse().expect("RULED_BENCH_SHOW_LATE: milliseconds"));
+    let show_late: Millis = common::env_or("RULED_BENCH_SHOW_LATE", Millis::MAX);
     loop {
         let filter = ruled::store::ExecutionFilter {
             limit: 1_000,
@@ -172,7 +170,7 @@ async fn run_until(
             let started_at = execution.started_at.unwrap();
             first_started_at = first_started_at.min(started_at);
             lags.push(started_at - execution.scheduled_for);
-            if show_late.is_some_and(|late| started_at - execution.scheduled_for > late) {
+            if started_at - execution.scheduled_for > show_late {
                 let due = execution.scheduled_for;
                 eprintln!(
                     "late: due at +{} ms; requested +{}, scheduled +{}, started +{}, finished +{} ms",
