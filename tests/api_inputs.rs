@@ -13,6 +13,7 @@ use common::service::{RunningService, start_service_with, without_delays};
 use common::{TestDb, eventually};
 use reqwest::StatusCode;
 use ruled::config::Config;
+use ruled::store::Backend;
 use serde_json::{Value, json};
 
 const TOKEN: &str = "inputs-token";
@@ -306,6 +307,90 @@ both_backends!(
             .await;
         assert_eq!(changed.status, StatusCode::OK, "{}", changed.text);
         assert_eq!(changed.json["timezone"], "America/New_York");
+        running.service.shutdown("test").await.unwrap();
+    }
+);
+
+// ---- schedule changes ------------------------------------------------------
+
+/// Makes the database refuse every write of a branch rule's next run, as a
+/// constraint or a failing disk would: the write after a schedule change.
+async fn refuse_next_run_writes(running: &RunningService, db: &TestDb) {
+    let sql = match db.backend {
+        Backend::Sqlite => {
+            "CREATE TRIGGER refuse_next_run BEFORE UPDATE OF next_run_time ON branch_rules \
+             BEGIN SELECT RAISE(ABORT, 'next runs refused'); END"
+        }
+        Backend::Postgres => {
+            "CREATE FUNCTION refuse_next_run() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN RAISE EXCEPTION 'next runs refused'; END $$; \
+             CREATE TRIGGER refuse_next_run BEFORE UPDATE OF next_run_time ON branch_rules \
+             FOR EACH ROW EXECUTE FUNCTION refuse_next_run()"
+        }
+    };
+    running.service.store().execute_sql(sql).await.unwrap();
+}
+
+both_backends!(
+    a_schedule_change_is_saved_with_the_next_runs_it_moves_or_not_at_all,
+    tokio::test(flavor = "multi_thread", worker_threads = 2),
+    |db: TestDb| async move {
+        let (running, api) = start(&db, |c| c).await;
+        let f = fixture(&api).await;
+        // Yearly, so nothing falls due (and writes a next run) meanwhile.
+        let yearly = |cron: &str| json!({ "name": "y", "cron_expression": cron });
+        let rule = id(&api.post("/api/v1/rules", &yearly("0 3 1 1 *")).await);
+        let other = id(&api.post("/api/v1/rules", &yearly("0 5 1 3 *")).await);
+        let body = json!({ "branch_id": f.branch, "rule_id": rule });
+        let branch_rule = id(&api.post("/api/v1/branch-rules", &body).await);
+        let branch_rule_path = format!("/api/v1/branch-rules/{branch_rule}");
+
+        refuse_next_run_writes(&running, &db).await;
+        let before = everything(&api).await;
+        let changes = [
+            (
+                format!("/api/v1/rules/{rule}"),
+                json!({ "cron_expression": "0 4 1 2 *" }),
+            ),
+            (
+                format!("/api/v1/branches/{}", f.branch),
+                json!({ "timezone": "America/New_York" }),
+            ),
+            (branch_rule_path.clone(), json!({ "rule_id": other })),
+        ];
+        for (path, change) in &changes {
+            let reply = api.put(path, change).await;
+            assert!(
+                reply.status.is_server_error(),
+                "PUT {path} {change}: {} {}",
+                reply.status,
+                reply.text
+            );
+            assert_eq!(
+                everything(&api).await,
+                before,
+                "PUT {path} {change} saved its change without the next runs it moves"
+            );
+        }
+
+        running
+            .service
+            .store()
+            .execute_sql("DROP TRIGGER refuse_next_run ON branch_rules")
+            .await
+            .or(running
+                .service
+                .store()
+                .execute_sql("DROP TRIGGER refuse_next_run")
+                .await)
+            .unwrap();
+        let (path, change) = &changes[0];
+        let reply = api.put(path, change).await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+        let shown = api.get(&branch_rule_path).await;
+        let next_run = shown.json["next_run_time"].as_str().unwrap_or_default();
+        // 1 February 04:00 in Asia/Riyadh (UTC+3).
+        assert!(next_run.contains("-02-01T01:00:00"), "{}", shown.text);
         running.service.shutdown("test").await.unwrap();
     }
 );

@@ -598,24 +598,100 @@ async fn update_one(
     spec: &'static TableSpec,
     what: &'static str,
     id: &str,
-    mut changes: Map<String, Value>,
+    changes: Map<String, Value>,
     caller: &Caller,
 ) -> ApiResult<Map<String, Value>> {
+    let pending = prepare_update(state, spec, what, id, changes, caller).await?;
+    save_update(state, pending, Vec::new()).await
+}
+
+/// A checked update of one row, not saved yet: the columns it sets, so
+/// what follows from it (the next runs a new expression or zone moves)
+/// can be computed as if it were saved, and saved with it.
+struct PendingUpdate {
+    spec: &'static TableSpec,
+    what: &'static str,
+    id: Uuid,
+    changes: Map<String, Value>,
+}
+
+impl PendingUpdate {
+    /// The stored `row` of `spec` and `id` as this update leaves it.
+    fn apply_to(&self, spec: &TableSpec, id: Uuid, row: &mut Map<String, Value>) {
+        if self.spec.table == spec.table && self.id == id {
+            row.extend(self.changes.clone());
+        }
+    }
+}
+
+async fn prepare_update(
+    state: &ApiState,
+    spec: &'static TableSpec,
+    what: &'static str,
+    id: &str,
+    mut changes: Map<String, Value>,
+    caller: &Caller,
+) -> ApiResult<PendingUpdate> {
     let uuid = parse_id(what, id)?;
     let stored = get_row(state, spec, what, id).await?;
     keep_stored_secrets(&stored, &mut changes)?;
     changes.insert("updated_at".into(), state.clock().now_ms().into());
     changes.insert("updated_by".into(), caller.name().into());
-    if !state.store().update_row(spec, uuid, &changes).await? {
+    Ok(PendingUpdate {
+        spec,
+        what,
+        id: uuid,
+        changes,
+    })
+}
+
+/// Saves `pending` and the updates that follow from it in one transaction:
+/// a crash or a refused write between them would otherwise leave, say, a
+/// rule's new expression with its branch rules' next runs from the old one.
+async fn save_update(
+    state: &ApiState,
+    pending: PendingUpdate,
+    follow_ups: Vec<RowUpdate>,
+) -> ApiResult<Map<String, Value>> {
+    let PendingUpdate {
+        spec,
+        what,
+        id,
+        changes,
+    } = pending;
+    let mut updates = vec![(spec, id, changes)];
+    updates.extend(follow_ups);
+    if !state.store().update_rows(&updates).await?[0] {
         return Err(ApiError::not_found(what, id));
     }
     nudge(state);
     state
         .store()
-        .row(spec, uuid)
+        .row(spec, id)
         .await?
         .ok_or_else(|| ApiError::not_found(what, id))
 }
+
+/// Saves `pending`, a change of a rule or a branch, with the next runs it
+/// moves of the branch rules whose `column` names its row, when it moves
+/// them (`Some`), in one transaction.
+async fn save_update_with_next_runs(
+    state: &ApiState,
+    pending: PendingUpdate,
+    column: Option<&str>,
+) -> ApiResult<Map<String, Value>> {
+    let moved = match column {
+        Some(column) => {
+            let id = Value::String(pending.id.to_string());
+            next_runs_moved_by(state, &pending, (column, &id)).await?
+        }
+        None => Vec::new(),
+    };
+    save_update(state, pending, moved).await
+}
+
+/// One row's update: its table, its id and the columns it sets.
+type RowUpdate = (&'static TableSpec, Uuid, Map<String, Value>);
 
 /// Deletes `ids` (comma-separated); 404 unless every one existed, and then
 /// nothing is deleted.
@@ -939,11 +1015,10 @@ pub async fn update_branch(
         live_parent(&s, &BRANDS, "brand", "brand_id", brand_id).await?;
         check_brand_rules_follow(&s, &id, brand_id).await?;
     }
-    let row = update_one(&s, &BRANCHES, "branch", &id, to_map(&input), &caller).await?;
-    if input.timezone.is_some() {
-        // A new zone moves every fixed-time occurrence of the branch's rules.
-        recompute_next_runs(&s, ("branch_id", &row["id"])).await?;
-    }
+    let pending = prepare_update(&s, &BRANCHES, "branch", &id, to_map(&input), &caller).await?;
+    // A new zone moves every fixed-time occurrence of the branch's rules.
+    let moves = input.timezone.is_some().then_some("branch_id");
+    let row = save_update_with_next_runs(&s, pending, moves).await?;
     Ok(Json(from_row(row)?))
 }
 
@@ -1068,10 +1143,9 @@ pub async fn update_rule(
         live_parent(&s, &BRANDS, "brand", "brand_id", brand_id).await?;
     }
     let map = with_policy(to_map(&input), input.policy.as_ref().map(Option::as_ref));
-    let row = update_one(&s, &RULES, "rule", &id, map, &caller).await?;
-    if input.cron_expression.is_some() {
-        recompute_next_runs(&s, ("rule_id", &row["id"])).await?;
-    }
+    let pending = prepare_update(&s, &RULES, "rule", &id, map, &caller).await?;
+    let moves = input.cron_expression.is_some().then_some("rule_id");
+    let row = save_update_with_next_runs(&s, pending, moves).await?;
     Ok(Json(from_row(row)?))
 }
 
@@ -1416,9 +1490,14 @@ type StoredSchedule = (
     Option<(Uuid, String)>,
 );
 
-/// Reads [`StoredSchedule`] for a branch rule row; the one resolver
-/// ([`resolve_schedule`]) decides what it means.
-async fn expression_of(state: &ApiState, row: &Map<String, Value>) -> ApiResult<StoredSchedule> {
+/// Reads [`StoredSchedule`] for a branch rule row, as `pending` leaves the
+/// rows it is read from; the one resolver ([`resolve_schedule`]) decides
+/// what it means.
+async fn expression_of(
+    state: &ApiState,
+    row: &Map<String, Value>,
+    pending: Option<&PendingUpdate>,
+) -> ApiResult<StoredSchedule> {
     let id = |key: &str| {
         row.get(key)
             .and_then(Value::as_str)
@@ -1427,22 +1506,26 @@ async fn expression_of(state: &ApiState, row: &Map<String, Value>) -> ApiResult<
     let text = |row: Option<Map<String, Value>>, column: &str| {
         row.and_then(|r| r.get(column).and_then(Value::as_str).map(String::from))
     };
+    let read = async |spec: &'static TableSpec, id: Uuid| -> ApiResult<_> {
+        let mut row = state.store().row(spec, id).await?;
+        if let (Some(row), Some(pending)) = (row.as_mut(), pending) {
+            pending.apply_to(spec, id, row);
+        }
+        Ok(row)
+    };
     let branch_id = id("branch_id").unwrap_or_default();
     let timezone = match id("branch_id") {
-        Some(branch) => text(state.store().row(&BRANCHES, branch).await?, "timezone"),
+        Some(branch) => text(read(&BRANCHES, branch).await?, "timezone"),
         None => None,
     };
     let rule_id = id("rule_id").unwrap_or_default();
     let rule = match id("rule_id") {
-        Some(rule) => text(state.store().row(&RULES, rule).await?, "cron_expression"),
+        Some(rule) => text(read(&RULES, rule).await?, "cron_expression"),
         None => None,
     };
     let brand_rule = match id("brand_rule_id") {
-        Some(brand_rule) => text(
-            state.store().row(&BRAND_RULES, brand_rule).await?,
-            "cron_expression",
-        )
-        .map(|expression| (brand_rule, expression)),
+        Some(brand_rule) => text(read(&BRAND_RULES, brand_rule).await?, "cron_expression")
+            .map(|expression| (brand_rule, expression)),
         None => None,
     };
     Ok(((branch_id, timezone), (rule_id, rule), brand_rule))
@@ -1454,7 +1537,17 @@ pub(super) async fn schedule_of_row(
     state: &ApiState,
     row: &Map<String, Value>,
 ) -> ApiResult<Result<(CronSchedule, Tz), ResolveError>> {
-    let ((branch_id, timezone), (rule_id, rule), brand_rule) = expression_of(state, row).await?;
+    schedule_as_pending_leaves_it(state, row, None).await
+}
+
+/// [`schedule_of_row`] as `pending` leaves the rows it is made of.
+async fn schedule_as_pending_leaves_it(
+    state: &ApiState,
+    row: &Map<String, Value>,
+    pending: Option<&PendingUpdate>,
+) -> ApiResult<Result<(CronSchedule, Tz), ResolveError>> {
+    let ((branch_id, timezone), (rule_id, rule), brand_rule) =
+        expression_of(state, row, pending).await?;
     let parts = ScheduleParts {
         branch: (branch_id, timezone.as_deref()),
         rule: (rule_id, rule.as_deref()),
@@ -1471,18 +1564,29 @@ pub(super) async fn schedule_of_row(
 /// The next run of a branch rule row after now. No rule yet means none (the
 /// insert then names the missing rule); a stored zone or expression that is
 /// invalid is a 409 naming the row, and nothing is saved.
-async fn next_run_of(state: &ApiState, row: &Map<String, Value>) -> ApiResult<Option<i64>> {
-    match schedule_of_row(state, row).await? {
+async fn next_run_of(
+    state: &ApiState,
+    row: &Map<String, Value>,
+    pending: Option<&PendingUpdate>,
+) -> ApiResult<Option<i64>> {
+    match schedule_as_pending_leaves_it(state, row, pending).await? {
         Ok((schedule, zone)) => Ok(next_after_millis(&schedule, zone, state.clock().now_ms()).ok()),
         Err(ResolveError::Missing { .. }) => Ok(None),
         Err(e) => Err(ApiError::Conflict(format!("no next run: {e}"))),
     }
 }
 
-/// After a rule's cron or a branch's zone changed: every affected branch
-/// rule's next run, recomputed from the expression (never shifted).
-async fn recompute_next_runs(state: &ApiState, filter: (&str, &Value)) -> ApiResult<()> {
-    for row in state.store().rows(&BRANCH_RULES, Some(filter)).await? {
+/// When a rule's cron, a branch's zone or a branch rule's rule, branch or
+/// brand rule changes (`pending`): the next run of every branch rule
+/// `filter` selects, recomputed from the expression as `pending` leaves it
+/// (never shifted), as updates to save with it.
+async fn next_runs_moved_by(
+    state: &ApiState,
+    pending: &PendingUpdate,
+    filter: (&str, &Value),
+) -> ApiResult<Vec<RowUpdate>> {
+    let mut moved = Vec::new();
+    for mut row in state.store().rows(&BRANCH_RULES, Some(filter)).await? {
         let Some(id) = row
             .get("id")
             .and_then(Value::as_str)
@@ -1490,6 +1594,7 @@ async fn recompute_next_runs(state: &ApiState, filter: (&str, &Value)) -> ApiRes
         else {
             continue;
         };
+        pending.apply_to(&BRANCH_RULES, id, &mut row);
         // A pending retry (or an occurrence owed its run) keeps its time:
         // moved to the new schedule's first occurrence, a retry due in a
         // minute waited up to a day. The finish after it computes the next
@@ -1498,10 +1603,10 @@ async fn recompute_next_runs(state: &ApiState, filter: (&str, &Value)) -> ApiRes
             tracing::info!(branch_rule_id = %id, "Next run kept: a retry is pending; the schedule applies after it");
             continue;
         }
-        // The change that led here is committed: a rule another row keeps
-        // from scheduling (a branch with a bad zone) keeps its next run and
-        // stays held in the plan until that row is fixed.
-        let next = match next_run_of(state, &row).await {
+        // A rule another row keeps from scheduling (a branch with a bad
+        // zone) keeps its next run and stays held in the plan until that
+        // row is fixed; the change itself is saved.
+        let next = match next_run_of(state, &row, Some(pending)).await {
             Ok(next) => next,
             Err(ApiError::Conflict(problem)) => {
                 tracing::warn!(branch_rule_id = %id, "Next run not recomputed: {problem}");
@@ -1515,13 +1620,9 @@ async fn recompute_next_runs(state: &ApiState, filter: (&str, &Value)) -> ApiRes
             next.map_or(Value::Null, Value::from),
         );
         changes.insert("updated_at".into(), state.clock().now_ms().into());
-        state
-            .store()
-            .update_row(&BRANCH_RULES, id, &changes)
-            .await?;
+        moved.push((&BRANCH_RULES, id, changes));
     }
-    nudge(state);
-    Ok(())
+    Ok(moved)
 }
 
 /// The stored policies of a branch rule row, its rule's and its own (each
@@ -1757,7 +1858,7 @@ pub async fn create_branch_rule(
     map.insert("updated_at".into(), now.into());
     stamp_created(&mut map, &caller);
     if !map.contains_key("next_run_time") {
-        let next = next_run_of(&s, &map).await?;
+        let next = next_run_of(&s, &map, None).await?;
         map.insert(
             "next_run_time".into(),
             next.map_or(Value::Null, Value::from),
@@ -1886,13 +1987,17 @@ pub async fn update_branch_rule(
     let map = with_next_run(map, input.next_run_time);
     let schedule_changed =
         input.rule_id.is_some() || input.branch_id.is_some() || input.brand_rule_id.is_some();
-    let row = update_one(&s, &BRANCH_RULES, "branch rule", &id, map, &caller).await?;
-    let row = if schedule_changed && input.next_run_time.is_none() {
-        recompute_next_runs(&s, ("id", &row["id"])).await?;
-        get_row(&s, &BRANCH_RULES, "branch rule", &id).await?
-    } else {
-        row
-    };
+    let mut pending = prepare_update(&s, &BRANCH_RULES, "branch rule", &id, map, &caller).await?;
+    if schedule_changed && input.next_run_time.is_none() {
+        let id = Value::String(pending.id.to_string());
+        let moved = next_runs_moved_by(&s, &pending, ("id", &id)).await?;
+        // The branch rule's own row: its next run is one more column of
+        // the same update.
+        for (_, _, next_run) in moved {
+            pending.changes.extend(next_run);
+        }
+    }
+    let row = save_update(&s, pending, Vec::new()).await?;
     Ok(Json(present_branch_rule(&s, row).await?))
 }
 

@@ -343,6 +343,30 @@ fn insert_sql(
     ))
 }
 
+/// `UPDATE … SET` the given columns of one row (at least one).
+fn update_sql(
+    spec: &TableSpec,
+    id: Uuid,
+    changes: &Map<String, Value>,
+) -> Result<(String, Vec<Param>), StoreError> {
+    let mut sets = Vec::new();
+    let mut params = Vec::new();
+    for (column, value) in changes {
+        params.push(param(spec, column, value)?);
+        sets.push(format!("{column} = ${}", params.len()));
+    }
+    params.push(Param::Text(Some(id.hyphenated().to_string())));
+    Ok((
+        format!(
+            "UPDATE {} SET {} WHERE id = ${}",
+            spec.table,
+            sets.join(", "),
+            params.len()
+        ),
+        params,
+    ))
+}
+
 impl Store {
     /// One row by id, its columns as JSON (times as epoch milliseconds).
     pub async fn row(
@@ -425,27 +449,51 @@ impl Store {
         id: Uuid,
         changes: &Map<String, Value>,
     ) -> Result<bool, StoreError> {
-        let mut sets = Vec::new();
-        let mut params = Vec::new();
-        for (column, value) in changes {
-            params.push(param(spec, column, value)?);
-            sets.push(format!("{column} = ${}", params.len()));
-        }
-        if sets.is_empty() {
+        if changes.is_empty() {
             return Ok(self.row(spec, id).await?.is_some());
         }
-        params.push(Param::Text(Some(id.hyphenated().to_string())));
-        let sql = format!(
-            "UPDATE {} SET {} WHERE id = ${}",
-            spec.table,
-            sets.join(", "),
-            params.len()
-        );
-        let affected = match self {
-            Store::Sqlite(pool) => exec_rows!(pool, "update row", sql, params),
-            Store::Postgres(pool) => exec_rows!(pool, "update row", sql, params),
-        }?;
-        Ok(affected > 0)
+        Ok(self.update_rows(&[(spec, id, changes.clone())]).await?[0])
+    }
+
+    /// Sets the given columns of each row in one transaction: all or
+    /// nothing (a rule's new expression with the next runs it moves). For
+    /// each update, whether a row had its id; one that had none changes
+    /// nothing and does not undo the others. Every update sets at least
+    /// one column.
+    pub async fn update_rows(
+        &self,
+        updates: &[(&TableSpec, Uuid, Map<String, Value>)],
+    ) -> Result<Vec<bool>, StoreError> {
+        let mut statements = Vec::new();
+        for (spec, id, changes) in updates {
+            debug_assert!(
+                !changes.is_empty(),
+                "an update of {} sets nothing",
+                spec.table
+            );
+            statements.push(update_sql(spec, *id, changes)?);
+        }
+        macro_rules! run {
+            ($pool:expr) => {{
+                let mut tx = $pool
+                    .begin()
+                    .await
+                    .map_err(|error| StoreError::Query { op: "begin", error })?;
+                let mut found = Vec::with_capacity(statements.len());
+                for (sql, params) in statements {
+                    found.push(exec_rows!(&mut *tx, "update row", sql, params)? > 0);
+                }
+                tx.commit().await.map_err(|error| StoreError::Query {
+                    op: "commit",
+                    error,
+                })?;
+                Ok(found)
+            }};
+        }
+        match self {
+            Store::Sqlite(pool) => run!(pool),
+            Store::Postgres(pool) => run!(pool),
+        }
     }
 
     /// Deletes the rows with these ids in one transaction; returns how many
