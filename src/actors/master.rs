@@ -5,7 +5,7 @@
 //! plan, a plan change, a free worker, and MASTER_FETCH_INTERVAL_SECONDS,
 //! so a rule starts within milliseconds of its due time.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -54,6 +54,9 @@ struct Drain {
     deadline_passed: bool,
 }
 
+/// What one claim came to: won, lost to another holder, or why it failed.
+type ClaimOutcome = Result<Option<Claim>, String>;
+
 pub struct MasterState {
     args: MasterArgs,
     queue: JobQueue<Box<Job>>,
@@ -69,6 +72,14 @@ pub struct MasterState {
     pool: WorkerPool<ActorId, ActorRef<WorkerMsg>, Box<Job>>,
     /// Rules whose claims are in flight: not fetched again meanwhile.
     claiming: HashSet<Uuid>,
+    /// The number the next fetch's claims go out under.
+    next_batch_to_send: u64,
+    /// The batch whose claims are queued next. Each fetch's claims commit
+    /// on their own, so a later fetch's (due later) can come back first;
+    /// queued at once, it would start first, out of due order.
+    next_batch_to_queue: u64,
+    /// Batches that came back before an earlier one, until it does.
+    claims_landed: BTreeMap<u64, Vec<(JobSpec, ClaimOutcome)>>,
     /// Workers that handed their slot back with their finish still queued,
     /// and the rule each one ran: the plan keeps the rule running, and a
     /// drain waits, until the finish is recorded.
@@ -127,6 +138,9 @@ impl Actor for MasterActor {
             args,
             pool,
             claiming: HashSet::new(),
+            next_batch_to_send: 0,
+            next_batch_to_queue: 0,
+            claims_landed: BTreeMap::new(),
             recording: HashMap::new(),
             tick_generation: 0,
             next_tick_at: None,
@@ -176,8 +190,12 @@ impl Actor for MasterActor {
                     state.schedule_tick(&myself, Duration::ZERO);
                 }
             }
-            MasterMsg::ClaimsDone(results) => {
-                state.claims_done(results).await;
+            MasterMsg::ClaimsDone { batch, results } => {
+                state.claims_landed.insert(batch, results);
+                while let Some(results) = state.claims_landed.remove(&state.next_batch_to_queue) {
+                    state.next_batch_to_queue += 1;
+                    state.claims_done(results).await;
+                }
                 state.dispatch(&myself).await;
                 state.publish_gauges();
             }
@@ -541,10 +559,12 @@ impl MasterState {
             let batcher = self.args.batcher.clone();
             claims.spawn(async move { (index, batcher.claim(&request).await) });
         }
+        let batch = self.next_batch_to_send;
+        self.next_batch_to_send += 1;
         let master = myself.clone();
         let store = self.args.store.clone();
         tokio::spawn(async move {
-            let mut outcomes: Vec<Result<Option<Claim>, String>> =
+            let mut outcomes: Vec<ClaimOutcome> =
                 vec![Err("the claim task was lost".to_string()); specs.len()];
             while let Some(joined) = claims.join_next().await {
                 if let Ok((index, outcome)) = joined {
@@ -553,14 +573,14 @@ impl MasterState {
             }
             let mut results: Vec<_> = specs.into_iter().zip(outcomes).collect();
             read_uncached_steps(&store, &mut results).await;
-            let _ = master.cast(MasterMsg::ClaimsDone(results));
+            let _ = master.cast(MasterMsg::ClaimsDone { batch, results });
         });
     }
 
     /// Queues what the claims won. During a drain, won claims are released
     /// instead (recorded Cancelled, not advanced), so they run after the
     /// restart.
-    async fn claims_done(&mut self, results: Vec<(JobSpec, Result<Option<Claim>, String>)>) {
+    async fn claims_done(&mut self, results: Vec<(JobSpec, ClaimOutcome)>) {
         let holder = self.args.config.instance_id.clone();
         let still_queued = self.queue.queued_len();
         let mut won = 0;
