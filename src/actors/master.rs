@@ -5,7 +5,7 @@
 //! plan, a plan change, a free worker, and MASTER_FETCH_INTERVAL_SECONDS,
 //! so a rule starts within milliseconds of its due time.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -54,9 +54,6 @@ struct Drain {
     deadline_passed: bool,
 }
 
-/// What one claim came to: won, lost to another holder, or why it failed.
-type ClaimOutcome = Result<Option<Claim>, String>;
-
 pub struct MasterState {
     args: MasterArgs,
     queue: JobQueue<Box<Job>>,
@@ -70,16 +67,9 @@ pub struct MasterState {
     depth: ClaimDepth,
     /// The workers: alive, idle, and busy with their jobs.
     pool: WorkerPool<ActorId, ActorRef<WorkerMsg>, Box<Job>>,
-    /// Rules whose claims are in flight: not fetched again meanwhile.
-    claiming: HashSet<Uuid>,
-    /// The number the next fetch's claims go out under.
-    next_batch_to_send: u64,
-    /// The batch whose claims are queued next. Each fetch's claims commit
-    /// on their own, so a later fetch's (due later) can come back first;
-    /// queued at once, it would start first, out of due order.
-    next_batch_to_queue: u64,
-    /// Batches that came back before an earlier one, until it does.
-    claims_landed: BTreeMap<u64, Vec<(JobSpec, ClaimOutcome)>>,
+    /// Rules whose claims are in flight, and when each was due: not
+    /// fetched again meanwhile, and no job due later starts before them.
+    claiming: HashMap<Uuid, Option<Millis>>,
     /// Workers that handed their slot back with their finish still queued,
     /// and the rule each one ran: the plan keeps the rule running, and a
     /// drain waits, until the finish is recorded.
@@ -137,10 +127,7 @@ impl Actor for MasterActor {
             backlog: BacklogTrend::new(config.backlog_window.as_millis() as Millis),
             args,
             pool,
-            claiming: HashSet::new(),
-            next_batch_to_send: 0,
-            next_batch_to_queue: 0,
-            claims_landed: BTreeMap::new(),
+            claiming: HashMap::new(),
             recording: HashMap::new(),
             tick_generation: 0,
             next_tick_at: None,
@@ -190,12 +177,8 @@ impl Actor for MasterActor {
                     state.schedule_tick(&myself, Duration::ZERO);
                 }
             }
-            MasterMsg::ClaimsDone { batch, results } => {
-                state.claims_landed.insert(batch, results);
-                while let Some(results) = state.claims_landed.remove(&state.next_batch_to_queue) {
-                    state.next_batch_to_queue += 1;
-                    state.claims_done(results).await;
-                }
+            MasterMsg::ClaimsDone(results) => {
+                state.claims_done(results).await;
                 state.dispatch(&myself).await;
                 state.publish_gauges();
             }
@@ -428,7 +411,7 @@ impl MasterState {
             }
             let row = &spec.branch_rule;
             let id = row.id;
-            let check = if self.claiming.contains(&id) {
+            let check = if self.claiming.contains_key(&id) {
                 Err(DedupReason::Queued)
             } else {
                 self.queue
@@ -547,7 +530,8 @@ impl MasterState {
         self.depth.claim_sent(self.queue.queued_len(), filled);
         let mut claims = JoinSet::new();
         for (index, spec) in specs.iter().enumerate() {
-            self.claiming.insert(spec.branch_rule.id);
+            self.claiming
+                .insert(spec.branch_rule.id, spec.branch_rule.next_run_time);
             let request = ClaimRequest {
                 branch_rule_id: spec.branch_rule.id,
                 holder: holder.clone(),
@@ -559,12 +543,10 @@ impl MasterState {
             let batcher = self.args.batcher.clone();
             claims.spawn(async move { (index, batcher.claim(&request).await) });
         }
-        let batch = self.next_batch_to_send;
-        self.next_batch_to_send += 1;
         let master = myself.clone();
         let store = self.args.store.clone();
         tokio::spawn(async move {
-            let mut outcomes: Vec<ClaimOutcome> =
+            let mut outcomes: Vec<Result<Option<Claim>, String>> =
                 vec![Err("the claim task was lost".to_string()); specs.len()];
             while let Some(joined) = claims.join_next().await {
                 if let Ok((index, outcome)) = joined {
@@ -573,14 +555,14 @@ impl MasterState {
             }
             let mut results: Vec<_> = specs.into_iter().zip(outcomes).collect();
             read_uncached_steps(&store, &mut results).await;
-            let _ = master.cast(MasterMsg::ClaimsDone { batch, results });
+            let _ = master.cast(MasterMsg::ClaimsDone(results));
         });
     }
 
     /// Queues what the claims won. During a drain, won claims are released
     /// instead (recorded Cancelled, not advanced), so they run after the
     /// restart.
-    async fn claims_done(&mut self, results: Vec<(JobSpec, ClaimOutcome)>) {
+    async fn claims_done(&mut self, results: Vec<(JobSpec, Result<Option<Claim>, String>)>) {
         let holder = self.args.config.instance_id.clone();
         let still_queued = self.queue.queued_len();
         let mut won = 0;
@@ -664,7 +646,17 @@ impl MasterState {
     /// waits for a commit of its own between the two states.
     async fn dispatch(&mut self, myself: &ActorRef<MasterMsg>) {
         let now = self.args.clock.now_ms();
+        // Each fetch's claims commit on their own, so a later fetch's can
+        // come back first: a job waits while a rule due before it is still
+        // being claimed, so jobs start in due order. Jobs due together (a
+        // burst) never wait for each other.
+        let earliest_claiming = self.claiming.values().flatten().min().copied();
         while !self.throttled && self.pool.idle_len() > 0 && self.queue.queued_len() > 0 {
+            if let (Some(claiming), Some(next)) = (earliest_claiming, self.queue.next_due())
+                && claiming < next
+            {
+                break;
+            }
             let Some((key, worker)) = self.pool.take_idle() else {
                 break;
             };

@@ -23,13 +23,7 @@ pub enum MasterMsg {
     /// ignored.
     Tick(u64),
     /// The claims of one fetch came back (sent by the master's claim task).
-    /// `batch` numbers the fetches' claims in the order they were sent:
-    /// they are queued in that order, which is due order, however their
-    /// commits interleave.
-    ClaimsDone {
-        batch: u64,
-        results: Vec<(JobSpec, Result<Option<Claim>, String>)>,
-    },
+    ClaimsDone(Vec<(JobSpec, Result<Option<Claim>, String>)>),
     /// The plan changed (a refresh, a finished job): look again now.
     PlanChanged,
     /// Start one worker actor (at start-up, staggered; after a cooldown).

@@ -1,5 +1,6 @@
-//! The master's job queue (seed 004): FIFO order, O(1) dedup, active-job
-//! tracking and the recently-processed window. Pure: no actors, no I/O.
+//! The master's job queue (seed 004): due order, FIFO among jobs due
+//! together, O(1) dedup, active-job tracking and the recently-processed
+//! window. Pure: no actors, no I/O.
 
 mod capacity;
 mod depth;
@@ -130,12 +131,33 @@ impl<J> JobQueue<J> {
         if self.queued_ids.contains(&id) || self.active.contains_key(&id) {
             return Err(job);
         }
+        self.queued_ids.insert(id);
+        // Claims come back in whatever order their commits finish: a job
+        // goes in behind every queued one due no later than it, so the
+        // queue stays in due order and first come first served among
+        // equals (a burst's jobs simply go to the back).
+        let mut at = self.queued.len();
         if let Some(due) = due {
             self.claimed_due.insert(id, due);
+            while at > 0
+                && self
+                    .due_of(self.queued[at - 1].0)
+                    .is_some_and(|before| before > due)
+            {
+                at -= 1;
+            }
         }
-        self.queued_ids.insert(id);
-        self.queued.push_back((id, job));
+        self.queued.insert(at, (id, job));
         Ok(())
+    }
+
+    /// When the next queued job was due, if it was claimed for a due time.
+    pub fn next_due(&self) -> Option<Millis> {
+        self.queued.front().and_then(|(id, _)| self.due_of(*id))
+    }
+
+    fn due_of(&self, id: Uuid) -> Option<Millis> {
+        self.claimed_due.get(&id).copied()
     }
 
     /// Takes the oldest job and marks it active under `execution_id`.
@@ -296,6 +318,24 @@ mod tests {
             Err(DedupReason::Recent)
         );
         assert_eq!(queue.admit(id(1), 31_000, false, None), Ok(()));
+    }
+
+    #[test]
+    fn jobs_start_in_due_order_however_their_claims_come_back() {
+        let mut queue: JobQueue<&str> = JobQueue::new(30_000);
+        // A burst: due together, first come first served.
+        queue.push(id(1), Some(1_000), "a").unwrap();
+        queue.push(id(2), Some(1_000), "b").unwrap();
+        // Claims of later fetches, come back out of due order.
+        queue.push(id(3), Some(1_120), "e").unwrap();
+        queue.push(id(4), Some(1_030), "c").unwrap();
+        queue.push(id(5), Some(1_090), "d").unwrap();
+        queue.push(id(6), None, "run now").unwrap();
+        assert_eq!(queue.next_due(), Some(1_000));
+        let order: Vec<&str> =
+            std::iter::from_fn(|| queue.start_next(|_| id(100)).map(|(_, job)| job)).collect();
+        assert_eq!(order, ["a", "b", "c", "d", "e", "run now"]);
+        assert_eq!(queue.next_due(), None);
     }
 
     #[test]
