@@ -421,25 +421,9 @@ impl Store {
         for (spec, row) in rows {
             statements.push(insert_sql(spec, row)?);
         }
-        macro_rules! run {
-            ($pool:expr) => {{
-                let mut tx = $pool
-                    .begin()
-                    .await
-                    .map_err(|error| StoreError::Query { op: "begin", error })?;
-                for (sql, params) in statements {
-                    exec_rows!(&mut *tx, "insert row", sql, params)?;
-                }
-                tx.commit().await.map_err(|error| StoreError::Query {
-                    op: "commit",
-                    error,
-                })
-            }};
-        }
-        match self {
-            Store::Sqlite(pool) => run!(pool),
-            Store::Postgres(pool) => run!(pool),
-        }
+        self.execute_in_one_transaction("insert row", statements)
+            .await
+            .map(drop)
     }
 
     /// Sets the given columns of one row; false when no row has this id.
@@ -473,21 +457,34 @@ impl Store {
             );
             statements.push(update_sql(spec, *id, changes)?);
         }
+        let affected = self
+            .execute_in_one_transaction("update row", statements)
+            .await?;
+        Ok(affected.into_iter().map(|rows| rows > 0).collect())
+    }
+
+    /// Runs `statements` in one transaction, all or nothing; returns the
+    /// rows each one affected.
+    async fn execute_in_one_transaction(
+        &self,
+        op: &'static str,
+        statements: Vec<(String, Vec<Param>)>,
+    ) -> Result<Vec<u64>, StoreError> {
         macro_rules! run {
             ($pool:expr) => {{
                 let mut tx = $pool
                     .begin()
                     .await
                     .map_err(|error| StoreError::Query { op: "begin", error })?;
-                let mut found = Vec::with_capacity(statements.len());
+                let mut affected = Vec::with_capacity(statements.len());
                 for (sql, params) in statements {
-                    found.push(exec_rows!(&mut *tx, "update row", sql, params)? > 0);
+                    affected.push(exec_rows!(&mut *tx, op, sql, params)?);
                 }
                 tx.commit().await.map_err(|error| StoreError::Query {
                     op: "commit",
                     error,
                 })?;
-                Ok(found)
+                Ok(affected)
             }};
         }
         match self {
