@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use tokio::process::{Child, Command};
 
 use super::capture::{Captured, drain_into};
-use super::leftovers::CommandLedger;
+use super::leftovers::{CommandLedger, TOKEN_VARIABLE};
 use super::{
     ActionCall, ActionError, ActionFuture, ActionHandler, ActionOutput, OUTPUT_CAP_BYTES, fields,
 };
@@ -124,10 +124,29 @@ async fn run_program(
         // group guard below does the real work.
         .kill_on_drop(true);
     die_with_the_service(&mut command);
-    let child = command
-        .spawn()
-        .map_err(|e| ActionError::failed(format!("could not start `{}`: {e}", spec.program)))?;
-    let mut group = GroupGuard::new(child, ledger);
+    // Written down before the fork, so a crash at any moment after it
+    // leaves nothing the restart cannot find.
+    let run = match &ledger {
+        Some(ledger) => {
+            let token = ledger.starting().await;
+            command.env(TOKEN_VARIABLE, &token);
+            Some((Arc::clone(ledger), token))
+        }
+        None => None,
+    };
+    let child = match command.spawn() {
+        Ok(child) => child,
+        Err(e) => {
+            if let Some((ledger, token)) = &run {
+                ledger.ended(token);
+            }
+            return Err(ActionError::failed(format!(
+                "could not start `{}`: {e}",
+                spec.program
+            )));
+        }
+    };
+    let mut group = GroupGuard::new(child, run);
     tracing::debug!(program = %spec.program, pid = group.pgid, "command action started");
 
     let mut stdout = Captured::new(OUTPUT_CAP_BYTES);
@@ -281,22 +300,22 @@ struct GroupGuard {
     /// The child's pid, which `process_group(0)` made its group id.
     pgid: Option<i32>,
     armed: bool,
-    /// Holds the group while it may run; struck off when the guard goes,
-    /// by then the group was killed or ended.
-    ledger: Option<Arc<CommandLedger>>,
+    /// Holds the run (its token, then its group) while it may run; struck
+    /// off when the guard goes, by then the group was killed or ended.
+    run: Option<(Arc<CommandLedger>, String)>,
 }
 
 impl GroupGuard {
-    fn new(child: Child, ledger: Option<Arc<CommandLedger>>) -> GroupGuard {
+    fn new(child: Child, run: Option<(Arc<CommandLedger>, String)>) -> GroupGuard {
         let pgid = child.id().and_then(|pid| i32::try_from(pid).ok());
-        if let (Some(ledger), Some(pgid)) = (&ledger, pgid) {
-            ledger.started(pgid);
+        if let (Some((ledger, token)), Some(pgid)) = (&run, pgid) {
+            ledger.started(token, pgid);
         }
         GroupGuard {
             child: Some(child),
             pgid,
             armed: true,
-            ledger,
+            run,
         }
     }
 
@@ -335,8 +354,8 @@ impl Drop for GroupGuard {
         if self.armed {
             self.kill_group();
         }
-        if let (Some(ledger), Some(pgid)) = (&self.ledger, self.pgid) {
-            ledger.ended(pgid);
+        if let Some((ledger, token)) = &self.run {
+            ledger.ended(token);
         }
         if !self.armed {
             return;
