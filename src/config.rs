@@ -133,6 +133,10 @@ fn parse_named_tokens(text: &str) -> Result<Vec<NamedToken>, String> {
 /// to an instant.
 const MAX_SECONDS: f64 = 10.0 * 365.0 * 86_400.0;
 
+/// A claim made earlier than this would hold a rule's lock, and pass over
+/// changes an operator makes, for longer than a start-up lag is worth.
+const MAX_CLAIM_LEAD: Duration = Duration::from_secs(10);
+
 /// More partitions than this only cost lease rows and renewals.
 pub const MAX_PARTITION_COUNT: u32 = 4096;
 
@@ -153,6 +157,11 @@ pub struct Config {
     pub master_fetch_interval: Duration,
     /// MASTER_GRACE_PERIOD_SECONDS, default 15.
     pub master_grace_period: Duration,
+    /// MASTER_CLAIM_LEAD_SECONDS, default 0 (claims once due, as seed 004
+    /// says): how long before an occurrence is due the master claims it,
+    /// so the claim's commit is done when it falls due and the job starts
+    /// on time.
+    pub master_claim_lead: Duration,
     /// WORKER_COUNT, default max(10, 90% of CPU cores).
     pub worker_count: usize,
     /// WORKER_SINGLE_JOB_MODE, default true.
@@ -251,6 +260,7 @@ impl Default for Config {
             plan_workflow_max_age: Duration::from_secs(24 * 3600),
             master_fetch_interval: Duration::from_secs(60),
             master_grace_period: Duration::from_secs(15),
+            master_claim_lead: Duration::ZERO,
             worker_count: default_worker_count(),
             worker_single_job_mode: true,
             worker_stagger: Duration::from_secs(1),
@@ -375,6 +385,13 @@ impl Config {
             &mut c.master_grace_period,
             false,
         )?;
+        env.seconds("MASTER_CLAIM_LEAD_SECONDS", &mut c.master_claim_lead, false)?;
+        if c.master_claim_lead > MAX_CLAIM_LEAD {
+            return Err(env.error(
+                "MASTER_CLAIM_LEAD_SECONDS",
+                &format!("must be at most {} seconds", MAX_CLAIM_LEAD.as_secs()),
+            ));
+        }
         env.number("WORKER_COUNT", &mut c.worker_count)?;
         if c.worker_count == 0 {
             return Err(env.error("WORKER_COUNT", "must be at least 1"));
@@ -707,6 +724,7 @@ mod tests {
         assert_eq!(c.plan_refresh_interval, Duration::from_secs(20));
         assert_eq!(c.master_fetch_interval, Duration::from_secs(60));
         assert_eq!(c.master_grace_period, Duration::from_secs(15));
+        assert_eq!(c.master_claim_lead, Duration::ZERO);
         assert!(c.worker_count >= 10);
         assert!(c.worker_single_job_mode);
         assert_eq!(c.worker_cooldown, Duration::from_secs(10));
@@ -757,6 +775,8 @@ mod tests {
             ("SHUTDOWN_GRACE_SECONDS", "99999999999999999999"),
             ("PLAN_WORKFLOW_MAX_AGE_HOURS", "1e16"),
             ("PLAN_FULL_REFRESH_SECONDS", "0"),
+            ("MASTER_CLAIM_LEAD_SECONDS", "-0.1"),
+            ("MASTER_CLAIM_LEAD_SECONDS", "11"),
         ];
         for (variable, value) in cases {
             let err = config(&[(variable, value)]).unwrap_err();

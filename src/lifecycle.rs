@@ -35,6 +35,11 @@ pub struct ClaimRequest {
     /// Run now: ignore `next_run_time <= now` and use `now` as the
     /// occurrence's `scheduled_for`. Every other condition still holds.
     pub run_now: bool,
+    /// Claimed ahead (MASTER_CLAIM_LEAD_SECONDS): the rule is due by this
+    /// instant rather than by `now`, and its job starts then. `now` stays
+    /// the claim's own time (the lock's and `requested_at`).
+    #[serde(default)]
+    pub due_by: Option<Millis>,
 }
 
 /// The master's misfire decision for one branch rule

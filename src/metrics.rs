@@ -135,6 +135,7 @@ pub const DB_ERROR_OPS: &[&str] = &[
     "skip",
     "stale_owners",
     "takeover",
+    "withdraw_claim",
 ];
 
 /// The `table` label values of [`PLAN_ROWS_REJECTED_TOTAL`]: the tables
@@ -267,7 +268,7 @@ pub fn describe_all() {
     );
     describe_counter!(
         LOCK_CLAIMS_TOTAL,
-        "Claims of due rules, by result (won, lost, error)."
+        "Claims of due rules, by result (won, lost, error; withdrawn: a claim made ahead of its due time given back unrun, at a graceful stop or a memory throttle)."
     );
     describe_counter!(DB_ERRORS_TOTAL, "Database errors, by operation.");
     describe_gauge!(
@@ -355,7 +356,7 @@ pub fn register_known_series() {
     for kind in ActorKind::START_ORDER {
         counter!(ACTOR_RESTARTS_TOTAL, "actor" => kind.as_str()).increment(0);
     }
-    for result in ["won", "lost", "error"] {
+    for result in ["won", "lost", "error", "withdrawn"] {
         counter!(LOCK_CLAIMS_TOTAL, "result" => result).increment(0);
     }
     for op in DB_ERROR_OPS {

@@ -569,3 +569,153 @@ async fn shutdown_waits_for_a_handed_back_finish_to_commit() {
     assert_eq!(workflow.branch_rule.next_run_time, next_run);
     assert!(!workflow.branch_rule.is_currently_running);
 }
+
+/// Runs three rules around 10:00 UTC on a service whose clock starts three
+/// seconds before it, with MASTER_CLAIM_LEAD_SECONDS at `lead_seconds`:
+/// one due at 10:00, one due since 09:30 whose window opens at 10:00, and
+/// one due at 10:00 whose window closes then. Returns the first two's
+/// executions once both completed, and the third's.
+async fn around_ten(db: &TestDb, lead_seconds: f64) -> (Execution, Execution, Vec<Execution>) {
+    use chrono::TimeZone;
+    use common::rules::{RuleOptions, insert_rule_with};
+    use common::service::start_service_on_clock;
+    use ruled::clock::Clock;
+
+    let store = db.store().await;
+    let ten = chrono::Utc
+        .with_ymd_and_hms(2031, 3, 4, 10, 0, 0)
+        .unwrap()
+        .timestamp_millis();
+    let start = ten - 3_000;
+    let options = |window: Option<(&str, &str)>| RuleOptions {
+        window: window.map(|(from, to)| (from.to_string(), to.to_string())),
+        now: Some(start),
+        ..RuleOptions::default()
+    };
+    let noop = [step("noop", json!({}))];
+    let on_time = insert_rule_with(&store, "0 10 * * *", ten, &noop, &options(None)).await;
+    let window_opens = insert_rule_with(
+        &store,
+        "30 9 * * *",
+        ten - 30 * 60_000,
+        &noop,
+        &options(Some(("10:00", "11:00"))),
+    )
+    .await;
+    let window_closes = insert_rule_with(
+        &store,
+        "0 10 * * *",
+        ten,
+        &noop,
+        &options(Some(("09:00", "10:00"))),
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let service =
+        start_service_on_clock(&db.url, dir.path(), Clock::starting_at(start), |c| Config {
+            master_claim_lead: Duration::from_secs_f64(lead_seconds),
+            ..fast(c)
+        })
+        .await;
+    let on_time = wait_for_status(&service, on_time, ExecutionStatus::Completed).await;
+    let window_opens = wait_for_status(&service, window_opens, ExecutionStatus::Completed).await;
+    // Claimed ahead, it would have been in the same fetch as the other two
+    // (its due index key is 10:00 too), so its claim has landed by now.
+    let window_closes = executions(&service, window_closes).await;
+    service.shutdown("test").await.unwrap();
+    (on_time, window_opens, window_closes)
+}
+
+// MASTER_CLAIM_LEAD_SECONDS: a rule due at 10:00 is claimed before 10:00, so
+// the claim's commit is not in its start lag, and starts at 10:00, never
+// before; so does a rule waiting for its window to open at 10:00. A rule
+// whose window closes at 10:00 is not claimed ahead: it would not have been
+// ready at 10:00. With the lead at 0 every claim is made once due.
+both_backends!(
+    rules_are_claimed_ahead_and_start_when_due_never_before,
+    tokio::test(flavor = "multi_thread", worker_threads = 2),
+    |db: TestDb| async move {
+        let ten = chrono::DateTime::parse_from_rfc3339("2031-03-04T10:00:00Z")
+            .unwrap()
+            .timestamp_millis();
+        let (on_time, window_opens, window_closes) = around_ten(&db, 0.5).await;
+        for execution in [&on_time, &window_opens] {
+            assert_full_lifecycle(execution);
+            assert!(
+                execution.requested_at < ten,
+                "claimed ahead of 10:00: {execution:?}"
+            );
+            assert!(
+                execution.scheduled_at.unwrap() >= ten && execution.started_at.unwrap() >= ten,
+                "started at 10:00 or after, never before: {execution:?}"
+            );
+        }
+        assert_eq!(on_time.scheduled_for, ten);
+        assert_eq!(window_opens.scheduled_for, ten - 30 * 60_000);
+        assert!(
+            window_closes.is_empty(),
+            "outside its window at 10:00, so neither claimed ahead nor run: {window_closes:?}"
+        );
+    }
+);
+
+both_backends!(
+    without_a_claim_lead_rules_are_claimed_once_due,
+    tokio::test(flavor = "multi_thread", worker_threads = 2),
+    |db: TestDb| async move {
+        let ten = chrono::DateTime::parse_from_rfc3339("2031-03-04T10:00:00Z")
+            .unwrap()
+            .timestamp_millis();
+        let (on_time, window_opens, window_closes) = around_ten(&db, 0.0).await;
+        for execution in [&on_time, &window_opens] {
+            assert_full_lifecycle(execution);
+            assert!(execution.requested_at >= ten, "{execution:?}");
+        }
+        assert!(window_closes.is_empty(), "{window_closes:?}");
+    }
+);
+
+// A graceful stop gives back a claim made ahead of its due time unrun, as
+// if never made: no Cancelled attempt, the lock free, and the next start
+// runs the occurrence as attempt 1. (Recorded Cancelled, a rolling restart
+// left a second attempt behind each such claim.)
+both_backends!(
+    a_graceful_stop_withdraws_what_it_claimed_ahead,
+    tokio::test(flavor = "multi_thread", worker_threads = 2),
+    |db: TestDb| async move {
+        let store = db.store().await;
+        let due = now_ms() + 4_000;
+        let id = insert_rule(&store, YEARLY, due, &[step("noop", json!({}))]).await;
+        let lead = |c: Config| Config {
+            master_claim_lead: Duration::from_secs(8),
+            ..c
+        };
+        let running = start(&db, lead).await;
+        let claimed = wait_for_status(&running.service, id, ExecutionStatus::Requested).await;
+        assert_eq!(claimed.scheduled_for, due);
+        running.service.shutdown("test").await.unwrap();
+        assert!(
+            now_ms() < due,
+            "the stop came after the due time: the test proves nothing"
+        );
+        assert_eq!(store.executions_for(id).await.unwrap(), []);
+        let row = store
+            .load_plan_data(0)
+            .await
+            .unwrap()
+            .branch_rules
+            .into_iter()
+            .find(|r| r.id == id)
+            .unwrap();
+        assert_eq!(row.lock_holder, None);
+        assert!(!row.is_currently_running);
+        assert_eq!(row.next_run_time, Some(due));
+
+        let again = start(&db, lead).await;
+        let run = wait_for_status(&again.service, id, ExecutionStatus::Completed).await;
+        assert_full_lifecycle(&run);
+        assert_eq!(run.scheduled_for, due);
+        assert!(run.started_at.unwrap() >= due, "{run:?}");
+        again.service.shutdown("test").await.unwrap();
+    }
+);

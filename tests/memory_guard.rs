@@ -503,6 +503,7 @@ async fn worker_with_a_job(db: &TestDb, steps: &[Step], handover: Handover) -> H
             lock_timeout_ms: 300_000,
             execution_id: Uuid::new_v4(),
             run_now: false,
+            due_by: None,
         })
         .await
         .unwrap()

@@ -140,6 +140,7 @@ async fn an_outbox_entry_refused_for_good_does_not_stop_the_start() {
             lock_timeout_ms: 300_000,
             execution_id: Uuid::new_v4(),
             run_now: false,
+            due_by: None,
         })
         .await
         .unwrap()

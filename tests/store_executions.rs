@@ -121,6 +121,7 @@ fn request(n: u32, holder: &str, now: Millis) -> ClaimRequest {
         lock_timeout_ms: TIMEOUT,
         execution_id: Uuid::new_v4(),
         run_now: false,
+        due_by: None,
     }
 }
 
@@ -219,6 +220,84 @@ both_backends!(
                 holder: HOLDER.into(),
                 epoch: 1,
             }
+        );
+    }
+);
+
+// MASTER_CLAIM_LEAD_SECONDS: a rule is claimed up to the lead before it is
+// due, never earlier; and such a claim, given back before it fell due, is
+// withdrawn: the lock freed and the requested execution gone, so the next
+// claim of the occurrence is attempt 1 again. Only by the fence's holder
+// and epoch.
+both_backends!(
+    a_claim_made_ahead_of_its_due_time_is_withdrawn_as_if_never_made,
+    |db: TestDb| async move {
+        let store = store_with_rules(&db, [10]).await;
+        let early = T0 - 500;
+        let too_soon = ClaimRequest {
+            due_by: Some(T0 - 1),
+            ..request(10, HOLDER, early)
+        };
+        assert!(
+            store.claim(&too_soon).await.unwrap().is_none(),
+            "not due by then"
+        );
+        let ahead = ClaimRequest {
+            due_by: Some(T0),
+            ..request(10, HOLDER, early)
+        };
+        let won = store.claim(&ahead).await.unwrap().expect("due by T0");
+        assert_eq!(won.execution.scheduled_for, T0);
+        assert_eq!(won.execution.requested_at, early, "requested when claimed");
+        assert_eq!(won.branch_rule.lock_time, Some(early));
+
+        let mut stale = won.fence();
+        stale.epoch += 1;
+        assert!(!store.withdraw_claim(&stale, early + 10).await.unwrap());
+        let other = Fence {
+            holder: "someone-else".into(),
+            ..won.fence()
+        };
+        assert!(!store.withdraw_claim(&other, early + 10).await.unwrap());
+        assert_eq!(execution(&store, won.execution.id).await, won.execution);
+
+        assert!(
+            store
+                .withdraw_claim(&won.fence(), early + 10)
+                .await
+                .unwrap()
+        );
+        assert_eq!(store.execution(won.execution.id).await.unwrap(), None);
+        let row = rule(&store, 10).await;
+        assert_eq!((row.lock_holder, row.lock_time), (None, None));
+        assert!(!row.is_currently_running);
+        assert_eq!(row.next_run_time, Some(T0), "the occurrence is still due");
+        assert!(
+            !store
+                .withdraw_claim(&won.fence(), early + 20)
+                .await
+                .unwrap(),
+            "withdrawn once"
+        );
+
+        let again = claim(&store, 10, "another", T0 + 5).await;
+        assert_eq!(again.execution.attempt, 1);
+        assert_eq!(again.execution.scheduled_for, T0);
+        assert_eq!(again.branch_rule.lock_epoch, 2, "the epoch never goes back");
+        // A claim whose job moved on (scheduled) is not withdrawn.
+        store
+            .apply(&Transition::Scheduled {
+                fence: again.fence(),
+                now: T0 + 6,
+            })
+            .await
+            .unwrap();
+        assert!(!store.withdraw_claim(&again.fence(), T0 + 7).await.unwrap());
+        let row = rule(&store, 10).await;
+        assert_eq!(row.lock_holder.as_deref(), Some("another"), "rolled back");
+        assert_eq!(
+            execution(&store, again.execution.id).await.status,
+            ExecutionStatus::Scheduled
         );
     }
 );
@@ -1801,6 +1880,7 @@ async fn run_job(
         lock_timeout_ms: TIMEOUT,
         execution_id: Uuid::new_v4(),
         run_now: false,
+        due_by: None,
     };
     let fence = batcher.claim(&req).await.unwrap().expect("claimed").fence();
     assert!(batcher.mark_scheduled(&fence, now()).await.unwrap());

@@ -123,6 +123,7 @@ fn request(n: u32, holder: &str, now: Millis) -> ClaimRequest {
         lock_timeout_ms: TIMEOUT,
         execution_id: Uuid::new_v4(),
         run_now: false,
+        due_by: None,
     }
 }
 

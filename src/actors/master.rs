@@ -411,6 +411,8 @@ impl MasterState {
             }
             let row = &spec.branch_rule;
             let id = row.id;
+            // Ready only within the claim lead: claimed now, started then.
+            let starts_at = ready.starts_at.get(&id).copied();
             let check = if self.claiming.contains_key(&id) {
                 Err(DedupReason::Queued)
             } else {
@@ -418,8 +420,11 @@ impl MasterState {
                     .admit(id, now, row.is_currently_running, row.next_run_time)
             };
             match check {
-                Ok(()) => match self.apply_misfire_policy(spec, now).await {
-                    Ok(Some(spec)) => admitted.push(spec),
+                Ok(()) => match self
+                    .apply_misfire_policy(spec, now, starts_at.unwrap_or(now))
+                    .await
+                {
+                    Ok(Some(spec)) => admitted.push((spec, starts_at)),
                     Ok(None) => {}
                     Err(e) => {
                         // Like a failed claim: nothing runs for it now, and
@@ -444,21 +449,23 @@ impl MasterState {
     }
 
     /// The misfire policy and catch-up window on a ready rule's due
-    /// occurrences (see [`decide_due`]). An occurrence on time is claimed
-    /// as it stands, with no write; otherwise the skipped ones are
-    /// recorded and next_run_time moved in one write that holds only if
-    /// next_run_time is still what the plan showed. Returns the spec to
-    /// claim, if anything runs now.
+    /// occurrences (see [`decide_due`]), as they stand when the job starts
+    /// (`starts_at`: now, or later for a rule claimed ahead). An occurrence
+    /// on time is claimed as it stands, with no write; otherwise the
+    /// skipped ones are recorded and next_run_time moved in one write that
+    /// holds only if next_run_time is still what the plan showed. Returns
+    /// the spec to claim, if anything runs now.
     async fn apply_misfire_policy(
         &mut self,
         mut spec: JobSpec,
         now: Millis,
+        starts_at: Millis,
     ) -> Result<Option<JobSpec>, StoreError> {
         let row = &spec.branch_rule;
         let (Some(due), Some(cadence)) = (row.next_run_time, spec.cadence()) else {
             return Ok(Some(spec));
         };
-        let decision = decide_due(&cadence, due, row.retry_of, now);
+        let decision = decide_due(&cadence, due, row.retry_of, starts_at);
         if decision.is_plain(due) {
             return Ok(Some(spec));
         }
@@ -518,10 +525,12 @@ impl MasterState {
     /// with the other lifecycle writes, and the master keeps dispatching
     /// meanwhile. The results come back as [`MasterMsg::ClaimsDone`].
     /// `filled`: the claim takes all the room there is (see [`ClaimDepth`]).
+    /// `specs` pairs each spec with the instant its job starts when it was
+    /// claimed ahead of it (see [`ReadyJobs::starts_at`](crate::messages::plan::ReadyJobs::starts_at)).
     fn claim(
         &mut self,
         myself: &ActorRef<MasterMsg>,
-        specs: Vec<JobSpec>,
+        specs: Vec<(JobSpec, Option<Millis>)>,
         now: Millis,
         filled: bool,
     ) {
@@ -529,9 +538,13 @@ impl MasterState {
         let lock_timeout_ms = self.args.config.schedule_lock_timeout.as_millis() as Millis;
         self.depth.claim_sent(self.queue.queued_len(), filled);
         let mut claims = JoinSet::new();
-        for (index, spec) in specs.iter().enumerate() {
-            self.claiming
-                .insert(spec.branch_rule.id, spec.branch_rule.next_run_time);
+        let (specs, starts): (Vec<JobSpec>, Vec<Option<Millis>>) = specs.into_iter().unzip();
+        for (index, (spec, starts_at)) in specs.iter().zip(starts).enumerate() {
+            // The queue's order: when the job may start.
+            self.claiming.insert(
+                spec.branch_rule.id,
+                starts_at.or(spec.branch_rule.next_run_time),
+            );
             let request = ClaimRequest {
                 branch_rule_id: spec.branch_rule.id,
                 holder: holder.clone(),
@@ -539,6 +552,7 @@ impl MasterState {
                 lock_timeout_ms,
                 execution_id: new_execution_id(now),
                 run_now: false,
+                due_by: starts_at,
             };
             let batcher = self.args.batcher.clone();
             claims.spawn(async move { (index, batcher.claim(&request).await) });
@@ -570,7 +584,7 @@ impl MasterState {
         let mut errors = 0;
         for (spec, outcome) in results {
             let id = spec.branch_rule.id;
-            self.claiming.remove(&id);
+            let due = self.claiming.remove(&id).flatten();
             let claim = match outcome {
                 Ok(Some(claim)) => claim,
                 Ok(None) => {
@@ -603,7 +617,7 @@ impl MasterState {
                 spec,
             });
             if self.drain.is_some() {
-                self.release(&job, "cancelled at shutdown before the handoff")
+                self.give_back(&job, due, "cancelled at shutdown before the handoff")
                     .await;
                 continue;
             }
@@ -614,7 +628,6 @@ impl MasterState {
                 debug!(branch_rule_id = %id, %execution_id, "Claim dropped: this instance is fenced");
                 continue;
             }
-            let due = job.spec.branch_rule.next_run_time;
             if self.queue.push(id, due, job).is_ok() {
                 claimed_ids.push(id);
                 info!(branch_rule_id = %id, %execution_id, "📥 Added job {id}");
@@ -655,6 +668,14 @@ impl MasterState {
             if let (Some(claiming), Some(next)) = (earliest_claiming, self.queue.next_due())
                 && claiming < next
             {
+                break;
+            }
+            // Claimed ahead (MASTER_CLAIM_LEAD_SECONDS): it starts when it
+            // falls due, and so does everything queued behind it.
+            if let Some(next) = self.queue.next_due()
+                && next > now
+            {
+                self.schedule_tick(myself, Duration::from_millis((next - now) as u64));
                 break;
             }
             let Some((key, worker)) = self.pool.take_idle() else {
@@ -799,10 +820,11 @@ impl MasterState {
             // Their occurrences stay due, so they are claimed again as soon
             // as the throttle lifts (the recently-processed dedup would hold
             // them back for its whole window).
-            let queued = self.queue.drain_queued();
+            let queued = self.queue.drain_queued_with_due();
             self.depth.queue_emptied();
-            for (id, job) in &queued {
-                self.release(job, "released while memory is short").await;
+            for (id, due, job) in &queued {
+                self.give_back(job, *due, "released while memory is short")
+                    .await;
                 self.queue.forget(*id);
             }
             info!(
@@ -969,6 +991,36 @@ impl MasterState {
             reason.to_string(),
         );
         self.write_finish(job, finish).await;
+    }
+
+    /// Gives back a claim whose job will not start here: one claimed ahead
+    /// and not due yet (`due` after now) is withdrawn, as if never made,
+    /// since nothing ran and nothing was late; any other is released
+    /// ([`release`](Self::release): recorded Cancelled for `reason`, its
+    /// occurrence left due). True when it was withdrawn.
+    async fn give_back(&mut self, job: &Job, due: Option<Millis>, reason: &str) -> bool {
+        let now = self.args.clock.now_ms();
+        if due.is_some_and(|due| due > now) {
+            match self.args.store.withdraw_claim(&job.fence, now).await {
+                Ok(true) => {
+                    metrics::counter!(m::LOCK_CLAIMS_TOTAL, "result" => "withdrawn").increment(1);
+                    info!(
+                        branch_rule_id = %job.branch_rule_id(),
+                        execution_id = %job.execution_id(),
+                        "↩️ Claim withdrawn before its due time, nothing run: {reason}"
+                    );
+                    self.run_ended(job.branch_rule_id());
+                    return true;
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "withdraw_claim").increment(1);
+                    warn!(branch_rule_id = %job.branch_rule_id(), "Cannot withdraw a claim made ahead: {e}; recording it cancelled");
+                }
+            }
+        }
+        self.release(job, reason).await;
+        false
     }
 
     /// True when the write landed.
@@ -1201,10 +1253,13 @@ impl MasterState {
             self.pool.busy_len()
         );
         let mut report = DrainReport::default();
-        for (_, job) in self.queue.drain_queued() {
-            self.release(&job, "cancelled at shutdown before the handoff")
-                .await;
-            report.cancelled_before_handoff += 1;
+        for (_, due, job) in self.queue.drain_queued_with_due() {
+            if !self
+                .give_back(&job, due, "cancelled at shutdown before the handoff")
+                .await
+            {
+                report.cancelled_before_handoff += 1;
+            }
         }
         self.drain = Some(Drain {
             reply: Some(reply),

@@ -19,8 +19,8 @@ use crate::model::{Millis, PlanScope};
 use crate::persist::read_plan_file;
 use crate::plan::{
     ExecutionPlan, MergeOptions, MergeReport, PlanStats, QuarantineChange, StaleLock, browse,
-    check_ready, job_spec, merge, missed_windows, next_wake, next_wake_while_busy, schedule_of,
-    take_ready_owned,
+    check_ready, job_spec, merge, missed_windows, next_wake, next_wake_while_busy,
+    next_wake_with_lead, ready_within_lead, schedule_of, take_ready_owned,
 };
 use crate::schedule::ScheduleCache;
 
@@ -139,9 +139,21 @@ impl Actor for PlanActor {
                 // At least one, so an empty answer still tells a busy plan
                 // from an idle one (and picks the next wake accordingly).
                 let ready = state.ready_up_to(now, limit.max(1));
+                let lead = state.config.master_claim_lead.as_millis() as Millis;
+                let ahead = ready_within_lead(
+                    &state.plan,
+                    now,
+                    lead,
+                    limit
+                        .min(state.config.max_runs_per_tick)
+                        .saturating_sub(ready.len()),
+                    zone,
+                    &state.ownership,
+                );
                 let jobs = ready
                     .iter()
                     .take(limit)
+                    .chain(ahead.iter().map(|(id, _)| id))
                     .filter_map(|id| job_spec(&state.plan, id, zone, &mut state.schedules))
                     .collect();
                 let next_wake = if ready.is_empty() {
@@ -149,7 +161,17 @@ impl Actor for PlanActor {
                 } else {
                     Some(next_wake_while_busy(&state.plan, now, &state.ownership))
                 };
-                let _ = reply.send(ReadyJobs { jobs, next_wake });
+                let _ = reply.send(ReadyJobs {
+                    jobs,
+                    starts_at: ahead.into_iter().collect(),
+                    next_wake: next_wake_with_lead(
+                        next_wake,
+                        &state.plan,
+                        now,
+                        lead,
+                        &state.ownership,
+                    ),
+                });
             }
             PlanMsg::Ownership(ownership) => {
                 if ownership != state.ownership {

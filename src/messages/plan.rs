@@ -1,3 +1,5 @@
+use std::collections::HashMap;
+
 use ractor::RpcReplyPort;
 use uuid::Uuid;
 
@@ -19,8 +21,8 @@ pub enum PlanMsg {
     /// capped at MAX_RUNS_PER_TICK.
     Ready(RpcReplyPort<Vec<Uuid>>),
     /// The first `limit` ready workflows as job specs, in (next_run_time,
-    /// id) order within this instance's partition, and when the master
-    /// should look next. A spec is a deep copy (rule, steps, templates):
+    /// id) order within this instance's partition, then those ready within
+    /// the claim lead, and when the master should look next. A spec is a deep copy (rule, steps, templates):
     /// the master asks only for as many as it can claim.
     ReadyJobs {
         limit: usize,
@@ -114,7 +116,12 @@ pub struct Readiness {
 #[derive(Debug, Clone, Default)]
 pub struct ReadyJobs {
     pub jobs: Vec<JobSpec>,
-    /// The earliest time something not ready now may become ready.
+    /// The jobs among `jobs` not ready yet but ready within the claim lead
+    /// (MASTER_CLAIM_LEAD_SECONDS), each with the instant it becomes ready:
+    /// claimed now, started then.
+    pub starts_at: HashMap<Uuid, Millis>,
+    /// When the master should fetch again: the earliest time something
+    /// not ready now may become ready, less the claim lead.
     pub next_wake: Option<Millis>,
 }
 

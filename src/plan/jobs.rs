@@ -138,6 +138,28 @@ pub fn next_wake_while_busy(plan: &ExecutionPlan, now: Millis, ownership: &Owner
     next_future_due(plan, now, ownership).map_or(soon, |at| at.min(soon))
 }
 
+/// When the master should fetch again, claiming `lead` ahead: `wake` (the
+/// next look without a lead), or `lead` before the first rule due after
+/// what this fetch could claim ahead, if that is sooner. A rule inside the
+/// lead that could not be claimed ahead is still woken for at its own
+/// time (`wake` holds it), never earlier, so nothing spins on it.
+pub fn next_wake_with_lead(
+    wake: Option<Millis>,
+    plan: &ExecutionPlan,
+    now: Millis,
+    lead: Millis,
+    ownership: &Ownership,
+) -> Option<Millis> {
+    if lead <= 0 {
+        return wake;
+    }
+    let ahead = next_future_due(plan, now.saturating_add(lead), ownership).map(|at| at - lead);
+    match (wake, ahead) {
+        (Some(wake), Some(ahead)) => Some(wake.min(ahead)),
+        (wake, ahead) => wake.or(ahead),
+    }
+}
+
 /// The earliest next_run_time after `now` among the rules owned here.
 fn next_future_due(plan: &ExecutionPlan, now: Millis, ownership: &Ownership) -> Option<Millis> {
     plan.due_index

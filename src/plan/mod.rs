@@ -41,13 +41,14 @@ pub use decide::{
 };
 pub use jobs::{
     JobSpec, JobStep, job_spec, job_steps, missed_windows, next_wake, next_wake_while_busy,
+    next_wake_with_lead,
 };
 pub use journal::{JournalRead, PlanChanges, PlanDelta, parse_journal};
 pub use locks::{StaleLock, lock_is_stale};
 pub use merge::{MergeOptions, MergeReport, NextRunChange, merge};
 pub use next_run::{PlanError, local_next_run_time, schedule_of};
 pub use quarantine::{Quarantine, QuarantineChange, screen};
-pub use ready::{NotReady, check_ready, ready, ready_owned, take_ready_owned};
+pub use ready::{NotReady, check_ready, ready, ready_owned, ready_within_lead, take_ready_owned};
 pub use resolve::{
     ResolveError, ScheduleParts, next_run, resolve_expression, resolve_schedule, resolve_zone,
 };

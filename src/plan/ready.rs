@@ -322,6 +322,38 @@ pub fn take_ready_owned(
     ready
 }
 
+/// The workflows that become ready within `lead` after `now`, in the
+/// order they do, each with the instant it does: the master claims them
+/// ahead (MASTER_CLAIM_LEAD_SECONDS) so their claims have committed when
+/// they fall due, and starts each at its instant. The due index is keyed
+/// by when a workflow can start (its due time plus its start offset, or
+/// the opening its window is parked until), and each is checked at that
+/// instant: one that would not be ready then (its window closed, say) is
+/// left for the fetch when it falls due, so a job claimed ahead never
+/// starts where it would not have otherwise. Parks nothing.
+pub fn ready_within_lead(
+    plan: &ExecutionPlan,
+    now: Millis,
+    lead: Millis,
+    cap: usize,
+    default_zone: Tz,
+    ownership: &Ownership,
+) -> Vec<(Uuid, Millis)> {
+    if lead <= 0 || cap == 0 {
+        return Vec::new();
+    }
+    plan.due_index
+        .range((now.saturating_add(1), Uuid::nil())..=(now.saturating_add(lead), Uuid::max()))
+        .filter(|(_, id)| ownership.owns(id))
+        .filter(|&&(at, id)| {
+            plan.get(&id)
+                .is_some_and(|w| check_ready(plan, w, at, default_zone).is_ok())
+        })
+        .map(|&(at, id)| (id, at))
+        .take(cap)
+        .collect()
+}
+
 fn ready_ids<'a>(
     plan: &'a ExecutionPlan,
     now: Millis,
@@ -488,6 +520,88 @@ mod tests {
         take_ready_owned(&mut plan, NOW, 500, utc, all);
         plan.remove(&id);
         assert_eq!(plan.earliest_due(), None);
+    }
+
+    #[test]
+    fn rules_ready_within_the_lead_come_with_the_instant_they_are_ready() {
+        let utc = chrono_tz::UTC;
+        let all = &Ownership::All;
+        let lead = 500;
+        let ahead = |fixture: &Fixture| {
+            let plan = fixture.plan();
+            ready_within_lead(&plan, NOW, lead, 500, utc, all)
+        };
+        let soon = Fixture::due(NOW + 300);
+        assert_eq!(ahead(&soon), [(soon.workflow_id, NOW + 300)]);
+        assert!(
+            ahead(&Fixture::due(NOW + lead + 1)).is_empty(),
+            "past the lead"
+        );
+        assert!(
+            ahead(&Fixture::due(NOW)).is_empty(),
+            "due now: the ready set's"
+        );
+        let plan = soon.plan();
+        assert!(
+            ready_within_lead(&plan, NOW, 0, 500, utc, all).is_empty(),
+            "no lead"
+        );
+        assert!(
+            ready_within_lead(&plan, NOW, lead, 0, utc, all).is_empty(),
+            "no room"
+        );
+
+        // Checked at its own instant: a window that is closed then keeps
+        // it for the fetch when it falls due.
+        let mut closed_then = Fixture::due(NOW + 300);
+        let local = local_time_of_day(utc, millis_to_utc(NOW + 300));
+        closed_then.branch_rule.operation_time_from =
+            Some(TimeOfDay::new((local.hour() + 2) % 24, 0).unwrap());
+        closed_then.branch_rule.operation_time_to =
+            Some(TimeOfDay::new((local.hour() + 3) % 24, 0).unwrap());
+        assert!(ahead(&closed_then).is_empty());
+        let mut off = Fixture::due(NOW + 300);
+        off.branch_rule.is_force_stopped = true;
+        assert!(ahead(&off).is_empty());
+
+        // Parked for its window: ready within the lead of the opening, at
+        // the opening.
+        let (fixture, opening) = waiting_for_its_window();
+        let mut plan = fixture.plan();
+        assert!(take_ready_owned(&mut plan, NOW, 500, utc, all).is_empty());
+        assert!(ready_within_lead(&plan, opening - lead - 1, lead, 500, utc, all).is_empty());
+        assert_eq!(
+            ready_within_lead(&plan, opening - lead, lead, 500, utc, all),
+            [(fixture.workflow_id, opening)]
+        );
+    }
+
+    #[test]
+    fn the_master_wakes_a_lead_before_what_it_can_claim_ahead() {
+        use crate::plan::next_wake_with_lead;
+        let all = &Ownership::All;
+        let plan = Fixture::due(NOW + 10_000).plan();
+        let wake = Some(NOW + 10_000);
+        assert_eq!(
+            next_wake_with_lead(wake, &plan, NOW, 500, all),
+            Some(NOW + 9_500)
+        );
+        assert_eq!(next_wake_with_lead(wake, &plan, NOW, 0, all), wake);
+        assert_eq!(
+            next_wake_with_lead(None, &plan, NOW, 500, all),
+            Some(NOW + 9_500)
+        );
+        // Inside the lead already (not claimable ahead, or being claimed):
+        // woken for at its own time, not spun on.
+        assert_eq!(
+            next_wake_with_lead(wake, &plan, NOW + 9_800, 500, all),
+            wake
+        );
+        // An earlier wake (a window opening, a busy plan) still counts.
+        assert_eq!(
+            next_wake_with_lead(Some(NOW + 1_000), &plan, NOW, 500, all),
+            Some(NOW + 1_000)
+        );
     }
 
     #[test]

@@ -209,8 +209,21 @@ impl<J> JobQueue<J> {
 
     /// Every queued job, oldest first, emptying the queue (shutdown).
     pub fn drain_queued(&mut self) -> Vec<(Uuid, J)> {
+        self.drain_queued_with_due()
+            .into_iter()
+            .map(|(id, _, job)| (id, job))
+            .collect()
+    }
+
+    /// [`drain_queued`](Self::drain_queued), each job with when it is due
+    /// to start (after now for a claim made ahead of its due time).
+    pub fn drain_queued_with_due(&mut self) -> Vec<(Uuid, Option<Millis>, J)> {
         self.queued_ids.clear();
-        self.queued.drain(..).collect()
+        let queued: Vec<(Uuid, J)> = self.queued.drain(..).collect();
+        queued
+            .into_iter()
+            .map(|(id, job)| (id, self.claimed_due.remove(&id), job))
+            .collect()
     }
 
     /// The claim of `id` was given back unrun (its occurrence stays due):

@@ -11,6 +11,7 @@ use uuid::Uuid;
 use super::binds::Bind;
 use super::decode::{AnyRow, RowReader, id_text};
 use super::{Store, StoreError};
+use crate::lifecycle::Fence;
 use crate::model::{Execution, ExecutionStatus, Millis};
 
 /// Stored output above this many bytes of JSON text is replaced by a
@@ -229,6 +230,15 @@ const SET_FORCE_STOPPED: &str = concat!(
     touch_branch_rule!("$3"),
     " WHERE id = $1"
 );
+
+/// See [`Store::withdraw_claim`].
+const FREE_WITHDRAWN_LOCK: &str = concat!(
+    "UPDATE branch_rules SET lock_holder = NULL, lock_time = NULL, is_currently_running = FALSE, ",
+    touch_branch_rule!("$4"),
+    " WHERE id = $1 AND lock_holder = $2 AND lock_epoch = $3"
+);
+const DELETE_WITHDRAWN_EXECUTION: &str =
+    "DELETE FROM executions WHERE id = $1 AND owner = $2 AND status = 'requested'";
 
 pub(super) fn decode_execution(row: &impl AnyRow) -> Result<Execution, StoreError> {
     let r = RowReader::new(row, "executions")?;
@@ -546,6 +556,60 @@ impl Store {
             id_text(branch_rule_id)
         )?;
         Ok(rows.into_iter().next())
+    }
+
+    /// Gives back a claim made ahead of its due time whose job never
+    /// started (MASTER_CLAIM_LEAD_SECONDS; a graceful stop or a memory
+    /// throttle before it fell due): the lock is freed and the `requested`
+    /// execution deleted, in one transaction fenced like every write after
+    /// the claim. Nothing ran and it was not yet due, so nothing is
+    /// recorded as an attempt: the occurrence is claimed again, here after
+    /// a restart or by another instance, as the attempt it would have been.
+    /// `false` when the claim is no longer this one (taken over) or its
+    /// execution moved on: nothing changed, and the caller records it
+    /// Cancelled as any claim given back.
+    pub async fn withdraw_claim(&self, fence: &Fence, now: Millis) -> Result<bool, StoreError> {
+        macro_rules! withdraw {
+            ($pool:expr) => {{
+                let mut tx = $pool
+                    .begin()
+                    .await
+                    .map_err(StoreError::query("begin withdraw claim"))?;
+                // Branch rules first, then executions, as claims lock them.
+                let freed = execute_on!(
+                    &mut *tx,
+                    "withdraw claim: free the lock",
+                    FREE_WITHDRAWN_LOCK,
+                    id_text(fence.branch_rule_id),
+                    fence.holder.clone(),
+                    fence.epoch,
+                    now
+                )?;
+                let deleted = if freed == 1 {
+                    execute_on!(
+                        &mut *tx,
+                        "withdraw claim: delete the requested execution",
+                        DELETE_WITHDRAWN_EXECUTION,
+                        id_text(fence.execution_id),
+                        fence.holder.clone()
+                    )?
+                } else {
+                    0
+                };
+                if freed != 1 || deleted != 1 {
+                    // Dropping the transaction rolls it back.
+                    return Ok(false);
+                }
+                tx.commit()
+                    .await
+                    .map_err(StoreError::query("commit withdraw claim"))?;
+                Ok(true)
+            }};
+        }
+        match self {
+            Store::Sqlite(pool) => withdraw!(pool),
+            Store::Postgres(pool) => withdraw!(pool),
+        }
     }
 
     /// Sets or clears a branch rule's force stop. `false` when no such rule.

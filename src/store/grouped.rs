@@ -263,10 +263,10 @@ fn claim_sql(v: &str, row_lock: &str, previous_holder: bool) -> String {
         ("", "")
     };
     format!(
-        "WITH v(br, holder, now, timeout, run_now) AS ({v}), \
+        "WITH v(br, holder, now, timeout, run_now, due_by) AS ({v}), \
          c AS (SELECT b.id AS cid{read_previous} FROM branch_rules b JOIN v ON b.id = v.br \
          WHERE b.is_active AND NOT b.is_archived AND NOT b.is_force_stopped \
-         AND (v.run_now OR b.next_run_time <= v.now) \
+         AND (v.run_now OR b.next_run_time <= v.due_by) \
          AND (b.lock_holder IS NULL OR {}) \
          ORDER BY b.id{row_lock}) \
          UPDATE branch_rules SET lock_holder = v.holder, lock_time = v.now, \
@@ -879,6 +879,7 @@ async fn claim_many<C: GroupedConn>(
             Bind::Int(req.now),
             Bind::Int(req.lock_timeout_ms),
             Bind::Bool(req.run_now),
+            Bind::Int(req.due_by.unwrap_or(req.now)),
         ]
     });
     let mut previous_holders = HashMap::new();
