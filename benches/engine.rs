@@ -12,7 +12,8 @@
 //! sets the burst's worker counts; `RULED_BENCH_LOG=info` (any tracing
 //! filter) prints the service's log on stderr; `RULED_BENCH_SHOW_LATE=<ms>`
 //! prints each job that started later than that, with the lag at each
-//! recorded state.
+//! recorded state; `RULED_BENCH_CLAIM_LEAD_MS=500` claims that far ahead
+//! (MASTER_CLAIM_LEAD_SECONDS).
 //!
 //! `RULED_BENCH_SCENARIO=growth` measures instead how the drain rate holds
 //! as work grows (issue 15): bursts of 1,000, 10,000 and 100,000, and the
@@ -59,6 +60,9 @@ fn config(database_url: &str, dir: &std::path::Path, workers: usize) -> Config {
         plan_action_details_cap: common::env_or("RULED_BENCH_ACTION_DETAILS_CAP", 20_000),
         // A free port: the bench must not collide with a running ruled.
         http_addr: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+        // RULED_BENCH_CLAIM_LEAD_MS: MASTER_CLAIM_LEAD_SECONDS, in ms (the
+        // service's default, 0, unless set).
+        master_claim_lead: Duration::from_millis(common::env_or("RULED_BENCH_CLAIM_LEAD_MS", 0)),
         ..Config::default()
     }
 }
