@@ -665,18 +665,16 @@ impl MasterState {
         // burst) never wait for each other.
         let earliest_claiming = self.claiming.values().flatten().min().copied();
         while !self.throttled && self.pool.idle_len() > 0 && self.queue.queued_len() > 0 {
-            if let (Some(claiming), Some(next)) = (earliest_claiming, self.queue.next_due())
-                && claiming < next
-            {
-                break;
-            }
-            // Claimed ahead (MASTER_CLAIM_LEAD_SECONDS): it starts when it
-            // falls due, and so does everything queued behind it.
-            if let Some(next) = self.queue.next_due()
-                && next > now
-            {
-                self.schedule_tick(myself, Duration::from_millis((next - now) as u64));
-                break;
+            if let Some(next) = self.queue.next_due() {
+                if earliest_claiming.is_some_and(|claiming| claiming < next) {
+                    break;
+                }
+                // Claimed ahead (MASTER_CLAIM_LEAD_SECONDS): it starts when
+                // it falls due, and so does everything queued behind it.
+                if next > now {
+                    self.schedule_tick(myself, Duration::from_millis((next - now) as u64));
+                    break;
+                }
             }
             let Some((key, worker)) = self.pool.take_idle() else {
                 break;

@@ -219,10 +219,10 @@ impl<J> JobQueue<J> {
     /// to start (after now for a claim made ahead of its due time).
     pub fn drain_queued_with_due(&mut self) -> Vec<(Uuid, Option<Millis>, J)> {
         self.queued_ids.clear();
-        let queued: Vec<(Uuid, J)> = self.queued.drain(..).collect();
-        queued
-            .into_iter()
-            .map(|(id, job)| (id, self.claimed_due.remove(&id), job))
+        let claimed_due = &mut self.claimed_due;
+        self.queued
+            .drain(..)
+            .map(|(id, job)| (id, claimed_due.remove(&id), job))
             .collect()
     }
 
