@@ -679,6 +679,79 @@ both_backends!(
 // if never made: no Cancelled attempt, the lock free, and the next start
 // runs the occurrence as attempt 1. (Recorded Cancelled, a rolling restart
 // left a second attempt behind each such claim.)
+// A stop with claims queued behind busy workers gives them all back at
+// once: those claimed ahead and not due yet are withdrawn (no attempt
+// recorded), those already due are recorded Cancelled with their
+// occurrence left due. After a restart every one of them runs.
+both_backends!(
+    a_graceful_stop_gives_back_every_queued_claim_ahead_or_due,
+    tokio::test(flavor = "multi_thread", worker_threads = 2),
+    |db: TestDb| async move {
+        let store = db.store().await;
+        let lead = |c: Config| Config {
+            worker_count: 3,
+            master_claim_lead: Duration::from_secs(8),
+            ..c
+        };
+        let running = start(&db, lead).await;
+        let service = &running.service;
+        for _ in 0..3 {
+            let busy = due_now(service, &[step("sleep", json!({"ms": 4_000}))]).await;
+            wait_for_status(service, busy, ExecutionStatus::Running).await;
+        }
+        let mut due = Vec::new();
+        for _ in 0..2 {
+            due.push(due_now(service, &[step("noop", json!({}))]).await);
+        }
+        let later = now_ms() + 5_000;
+        let mut ahead = Vec::new();
+        for _ in 0..2 {
+            ahead.push(insert_rule(&store, YEARLY, later, &[step("noop", json!({}))]).await);
+        }
+        for id in due.iter().chain(&ahead) {
+            wait_for_status(service, *id, ExecutionStatus::Requested).await;
+        }
+        // The drain gives the queue back as it begins; the stop then waits
+        // for the long jobs.
+        assert!(
+            now_ms() < later - 1_000,
+            "the stop came too close to the due time: the test proves nothing"
+        );
+        running.service.shutdown("test").await.unwrap();
+        let rows = store.load_plan_data(0).await.unwrap().branch_rules;
+        let row = |id: Uuid| rows.iter().find(|r| r.id == id).unwrap().clone();
+        for id in &ahead {
+            assert_eq!(store.executions_for(*id).await.unwrap(), [], "withdrawn");
+            assert_eq!(row(*id).lock_holder, None);
+            assert_eq!(row(*id).next_run_time, Some(later));
+        }
+        for id in &due {
+            let given_back = store.executions_for(*id).await.unwrap();
+            assert_eq!(given_back.len(), 1, "{given_back:?}");
+            assert_eq!(given_back[0].status, ExecutionStatus::Cancelled);
+            assert_eq!(given_back[0].started_at, None, "it never reached a worker");
+            assert_eq!(
+                given_back[0].error.as_deref(),
+                Some("cancelled at shutdown before the handoff")
+            );
+            assert_eq!(row(*id).lock_holder, None);
+            assert_eq!(row(*id).next_run_time, Some(given_back[0].scheduled_for));
+        }
+
+        let again = start(&db, lead).await;
+        for id in &ahead {
+            let run = wait_for_status(&again.service, *id, ExecutionStatus::Completed).await;
+            assert_eq!((run.attempt, run.scheduled_for), (1, later));
+            assert!(run.started_at.unwrap() >= later, "{run:?}");
+        }
+        for id in &due {
+            let run = wait_for_status(&again.service, *id, ExecutionStatus::Completed).await;
+            assert_eq!(run.attempt, 2, "{run:?}");
+        }
+        again.service.shutdown("test").await.unwrap();
+    }
+);
+
 both_backends!(
     a_graceful_stop_withdraws_what_it_claimed_ahead,
     tokio::test(flavor = "multi_thread", worker_threads = 2),

@@ -302,6 +302,63 @@ both_backends!(
     }
 );
 
+// A stop gives back all its claims made ahead in one transaction: each is
+// withdrawn whole or not at all, so one taken over or moved on (its lock
+// freed, then its execution found past requested) is left exactly as it
+// was while the others around it are withdrawn.
+both_backends!(
+    claims_withdrawn_together_are_each_withdrawn_whole_or_not_at_all,
+    |db: TestDb| async move {
+        let store = store_with_rules(&db, [10, 11, 12, 13]).await;
+        let early = T0 - 500;
+        let mut fences = Vec::new();
+        let mut claims = Vec::new();
+        for n in [10, 11, 12, 13] {
+            let ahead = ClaimRequest {
+                due_by: Some(T0),
+                ..request(n, HOLDER, early)
+            };
+            let won = store.claim(&ahead).await.unwrap().expect("due by T0");
+            fences.push(won.fence());
+            claims.push(won);
+        }
+        store
+            .apply(&Transition::Scheduled {
+                fence: claims[1].fence(),
+                now: early + 5,
+            })
+            .await
+            .unwrap();
+        fences[2].epoch += 1;
+
+        let withdrawn = store.withdraw_claims(&fences, early + 10).await.unwrap();
+        assert_eq!(withdrawn, [true, false, false, true]);
+        for n in [0, 3] {
+            assert_eq!(store.execution(claims[n].execution.id).await.unwrap(), None);
+            let row = rule(&store, 10 + n as u32).await;
+            assert_eq!((row.lock_holder, row.is_currently_running), (None, false));
+        }
+        for n in [1, 2] {
+            let row = rule(&store, 10 + n as u32).await;
+            assert_eq!(row.lock_holder.as_deref(), Some(HOLDER), "rule {n} kept");
+            assert_eq!(row.lock_time, Some(early));
+            assert!(row.is_currently_running);
+        }
+        assert_eq!(
+            execution(&store, claims[1].execution.id).await.status,
+            ExecutionStatus::Scheduled
+        );
+        assert_eq!(
+            execution(&store, claims[2].execution.id).await,
+            claims[2].execution
+        );
+        assert_eq!(
+            store.withdraw_claims(&[], early + 20).await.unwrap(),
+            Vec::<bool>::new()
+        );
+    }
+);
+
 both_backends!(updated_at_only_moves_forward, |db: TestDb| async move {
     let store = store_with_rules(&db, []).await;
     // Last touched in the very millisecond of the claim, then by a clock

@@ -16,7 +16,7 @@ use uuid::Uuid;
 
 use crate::actions::ActionRegistry;
 use crate::actors::worker::{WorkerActor, WorkerArgs, decided_finish, record_decision};
-use crate::actors::{Recorded, ask, ask_within, record_finish};
+use crate::actors::{Recorded, ask, ask_within, finish_recorded};
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::directory::Directory;
@@ -33,7 +33,7 @@ use crate::queue::{
 };
 use crate::recovery;
 use crate::schedule::Overlap;
-use crate::store::{Store, StoreError, Transition, TransitionBatcher};
+use crate::store::{PendingTransition, Store, StoreError, Transition, TransitionBatcher};
 
 pub struct MasterActor;
 
@@ -581,6 +581,7 @@ impl MasterState {
         let still_queued = self.queue.queued_len();
         let mut won = 0;
         let mut claimed_ids = Vec::new();
+        let mut landed_in_drain = Vec::new();
         let mut errors = 0;
         for (spec, outcome) in results {
             let id = spec.branch_rule.id;
@@ -617,8 +618,7 @@ impl MasterState {
                 spec,
             });
             if self.drain.is_some() {
-                self.give_back(&job, due, "cancelled at shutdown before the handoff")
-                    .await;
+                landed_in_drain.push((due, job));
                 continue;
             }
             // A claim that was on its way when the fence came: it is
@@ -632,6 +632,10 @@ impl MasterState {
                 claimed_ids.push(id);
                 info!(branch_rule_id = %id, %execution_id, "📥 Added job {id}");
             }
+        }
+        if !landed_in_drain.is_empty() {
+            self.give_back(landed_in_drain, "cancelled at shutdown before the handoff")
+                .await;
         }
         let ahead = self.depth.ahead();
         let clean = won > 0 && errors == 0;
@@ -703,7 +707,7 @@ impl MasterState {
                 warn!(branch_rule_id = %job.branch_rule_id(), execution_id = %job.execution_id(), "Worker gone at the handoff; the job is released");
                 // Its occurrence stays due: claimed again at once.
                 self.queue.forget(job.branch_rule_id());
-                self.release(&job, "worker gone at the handoff").await;
+                self.release(job, "worker gone at the handoff").await;
             }
         }
         if !self.throttled
@@ -818,16 +822,21 @@ impl MasterState {
             // Their occurrences stay due, so they are claimed again as soon
             // as the throttle lifts (the recently-processed dedup would hold
             // them back for its whole window).
-            let queued = self.queue.drain_queued_with_due();
+            let queued: Vec<_> = self
+                .queue
+                .drain_queued_with_due()
+                .into_iter()
+                .map(|(id, due, job)| {
+                    self.queue.forget(id);
+                    (due, job)
+                })
+                .collect();
             self.depth.queue_emptied();
-            for (id, due, job) in &queued {
-                self.give_back(job, *due, "released while memory is short")
-                    .await;
-                self.queue.forget(*id);
-            }
+            let count = queued.len();
+            self.give_back(queued, "released while memory is short")
+                .await;
             info!(
-                "👑 Master holds new work back while memory is short; {} queued claim(s) released",
-                queued.len()
+                "👑 Master holds new work back while memory is short; {count} queued claim(s) released"
             );
         } else if self.started {
             self.schedule_tick(myself, Duration::ZERO);
@@ -982,50 +991,82 @@ impl MasterState {
 
     /// The terminal write for a job that never reached a worker: the
     /// occurrence is not advanced, so it runs again (as a new attempt).
-    async fn release(&mut self, job: &Job, reason: &str) {
-        let finish = Finish::leaving_due(
-            ExecutionStatus::Cancelled,
-            self.args.clock.now_ms(),
-            reason.to_string(),
-        );
-        self.write_finish(job, finish).await;
+    async fn release(&mut self, job: Box<Job>, reason: &str) {
+        self.give_back(vec![(None, job)], reason).await;
     }
 
-    /// Gives back a claim whose job will not start here: one claimed ahead
+    /// Gives back claims whose jobs will not start here. One claimed ahead
     /// and not due yet (`due` after now) is withdrawn, as if never made,
-    /// since nothing ran and nothing was late; any other is released
-    /// ([`release`](Self::release): recorded Cancelled for `reason`, its
-    /// occurrence left due). True when it was withdrawn.
-    async fn give_back(&mut self, job: &Job, due: Option<Millis>, reason: &str) -> bool {
+    /// since nothing ran and nothing was late; any other is released:
+    /// recorded Cancelled for `reason`, its occurrence left due, so it
+    /// runs again as a new attempt. The withdrawals share one transaction
+    /// and the releases one group commit, so a stop with hundreds of
+    /// queued claims waits for two commits, not one each. Returns how many
+    /// were released rather than withdrawn.
+    async fn give_back(&mut self, jobs: Vec<(Option<Millis>, Box<Job>)>, reason: &str) -> usize {
         let now = self.args.clock.now_ms();
-        if due.is_some_and(|due| due > now) {
-            match self.args.store.withdraw_claim(&job.fence, now).await {
-                Ok(true) => {
-                    metrics::counter!(m::LOCK_CLAIMS_TOTAL, "result" => "withdrawn").increment(1);
-                    info!(
-                        branch_rule_id = %job.branch_rule_id(),
-                        execution_id = %job.execution_id(),
-                        "↩️ Claim withdrawn before its due time, nothing run: {reason}"
-                    );
-                    self.run_ended(job.branch_rule_id());
-                    return true;
+        let (ahead, mut released): (Vec<_>, Vec<_>) = jobs
+            .into_iter()
+            .partition(|(due, _)| due.is_some_and(|due| due > now));
+        if !ahead.is_empty() {
+            let fences: Vec<Fence> = ahead.iter().map(|(_, job)| job.fence.clone()).collect();
+            match self.args.store.withdraw_claims(&fences, now).await {
+                Ok(withdrawn) => {
+                    for ((due, job), withdrawn) in ahead.into_iter().zip(withdrawn) {
+                        if !withdrawn {
+                            released.push((due, job));
+                            continue;
+                        }
+                        metrics::counter!(m::LOCK_CLAIMS_TOTAL, "result" => "withdrawn")
+                            .increment(1);
+                        info!(
+                            branch_rule_id = %job.branch_rule_id(),
+                            execution_id = %job.execution_id(),
+                            "↩️ Claim withdrawn before its due time, nothing run: {reason}"
+                        );
+                        self.run_ended(job.branch_rule_id());
+                    }
                 }
-                Ok(false) => {}
                 Err(e) => {
                     metrics::counter!(m::DB_ERRORS_TOTAL, "op" => "withdraw_claim").increment(1);
-                    warn!(branch_rule_id = %job.branch_rule_id(), "Cannot withdraw a claim made ahead: {e}; recording it cancelled");
+                    warn!(
+                        "Cannot withdraw {} claim(s) made ahead: {e}; recording them cancelled",
+                        ahead.len()
+                    );
+                    released.extend(ahead);
                 }
             }
         }
-        self.release(job, reason).await;
-        false
+        // All queued before any is awaited, so they share a commit.
+        let mut pending = Vec::with_capacity(released.len());
+        for (_, job) in &released {
+            let finish = Finish::leaving_due(ExecutionStatus::Cancelled, now, reason.to_string());
+            let queued = self.args.batcher.queue_finish(&job.fence, &finish).await;
+            pending.push((queued, finish));
+        }
+        for ((_, job), (queued, finish)) in released.iter().zip(pending) {
+            self.finish_landed(job, queued, finish, now).await;
+        }
+        released.len()
     }
 
     /// True when the write landed.
     async fn write_finish(&mut self, job: &Job, finish: Finish) -> bool {
+        let now = self.args.clock.now_ms();
+        let queued = self.args.batcher.queue_finish(&job.fence, &finish).await;
+        self.finish_landed(job, queued, finish, now).await
+    }
+
+    /// Waits for a queued terminal write; true when it landed.
+    async fn finish_landed(
+        &self,
+        job: &Job,
+        queued: PendingTransition,
+        finish: Finish,
+        now: Millis,
+    ) -> bool {
         let args = &self.args;
-        let now = args.clock.now_ms();
-        let recorded = record_finish(&args.batcher, &args.directory, &job.fence, finish, now).await;
+        let recorded = finish_recorded(queued, &args.directory, &job.fence, finish, now).await;
         if let Recorded::InOutbox(e) = &recorded {
             warn!(branch_rule_id = %job.branch_rule_id(), execution_id = %job.execution_id(), "Terminal write kept in the outbox: {e}");
         }
@@ -1251,13 +1292,23 @@ impl MasterState {
             self.pool.busy_len()
         );
         let mut report = DrainReport::default();
-        for (_, due, job) in self.queue.drain_queued_with_due() {
-            if !self
-                .give_back(&job, due, "cancelled at shutdown before the handoff")
-                .await
-            {
-                report.cancelled_before_handoff += 1;
-            }
+        let queued: Vec<_> = self
+            .queue
+            .drain_queued_with_due()
+            .into_iter()
+            .map(|(_, due, job)| (due, job))
+            .collect();
+        if !queued.is_empty() {
+            let (count, started) = (queued.len(), std::time::Instant::now());
+            let released = self
+                .give_back(queued, "cancelled at shutdown before the handoff")
+                .await;
+            report.cancelled_before_handoff += released;
+            info!(
+                "👑 Master gave back {count} queued claim(s) in {} ms: {released} recorded cancelled, {} withdrawn",
+                started.elapsed().as_millis(),
+                count - released
+            );
         }
         self.drain = Some(Drain {
             reply: Some(reply),

@@ -6,6 +6,7 @@
 //! of the lifecycle API live in [`crate::lifecycle`].
 
 use serde_json::Value;
+use sqlx::Connection as _;
 use uuid::Uuid;
 
 use super::binds::Bind;
@@ -561,49 +562,82 @@ impl Store {
     /// Gives back a claim made ahead of its due time whose job never
     /// started (MASTER_CLAIM_LEAD_SECONDS; a graceful stop or a memory
     /// throttle before it fell due): the lock is freed and the `requested`
-    /// execution deleted, in one transaction fenced like every write after
-    /// the claim. Nothing ran and it was not yet due, so nothing is
-    /// recorded as an attempt: the occurrence is claimed again, here after
-    /// a restart or by another instance, as the attempt it would have been.
-    /// `false` when the claim is no longer this one (taken over) or its
-    /// execution moved on: nothing changed, and the caller records it
-    /// Cancelled as any claim given back.
+    /// execution deleted, fenced like every write after the claim. Nothing
+    /// ran and it was not yet due, so nothing is recorded as an attempt:
+    /// the occurrence is claimed again, here after a restart or by another
+    /// instance, as the attempt it would have been. `false` when the claim
+    /// is no longer this one (taken over) or its execution moved on:
+    /// nothing changed, and the caller records it Cancelled as any claim
+    /// given back.
     pub async fn withdraw_claim(&self, fence: &Fence, now: Millis) -> Result<bool, StoreError> {
+        let withdrawn = self
+            .withdraw_claims(std::slice::from_ref(fence), now)
+            .await?;
+        Ok(withdrawn.first().copied().unwrap_or(false))
+    }
+
+    /// [`withdraw_claim`](Self::withdraw_claim) for many claims in one
+    /// commit: a stop with hundreds of claims made ahead gives them back
+    /// at once instead of a transaction each. Each claim is withdrawn
+    /// whole or not at all (a savepoint apiece), so one taken over leaves
+    /// the others' withdrawal standing; the answer says which were, in
+    /// the order given.
+    pub async fn withdraw_claims(
+        &self,
+        fences: &[Fence],
+        now: Millis,
+    ) -> Result<Vec<bool>, StoreError> {
         macro_rules! withdraw {
             ($pool:expr) => {{
                 let mut tx = $pool
                     .begin()
                     .await
-                    .map_err(StoreError::query("begin withdraw claim"))?;
-                // Branch rules first, then executions, as claims lock them.
-                let freed = execute_on!(
-                    &mut *tx,
-                    "withdraw claim: free the lock",
-                    FREE_WITHDRAWN_LOCK,
-                    id_text(fence.branch_rule_id),
-                    fence.holder.clone(),
-                    fence.epoch,
-                    now
-                )?;
-                let deleted = if freed == 1 {
-                    execute_on!(
-                        &mut *tx,
-                        "withdraw claim: delete the requested execution",
-                        DELETE_WITHDRAWN_EXECUTION,
-                        id_text(fence.execution_id),
-                        fence.holder.clone()
-                    )?
-                } else {
-                    0
-                };
-                if freed != 1 || deleted != 1 {
-                    // Dropping the transaction rolls it back.
-                    return Ok(false);
+                    .map_err(StoreError::query("begin withdraw claims"))?;
+                let mut withdrawn = Vec::with_capacity(fences.len());
+                for fence in fences {
+                    let mut one = tx
+                        .begin()
+                        .await
+                        .map_err(StoreError::query("withdraw claim: savepoint"))?;
+                    // Branch rules first, then executions, as claims lock them.
+                    let freed = execute_on!(
+                        &mut *one,
+                        "withdraw claim: free the lock",
+                        FREE_WITHDRAWN_LOCK,
+                        id_text(fence.branch_rule_id),
+                        fence.holder.clone(),
+                        fence.epoch,
+                        now
+                    )?;
+                    let deleted = if freed == 1 {
+                        execute_on!(
+                            &mut *one,
+                            "withdraw claim: delete the requested execution",
+                            DELETE_WITHDRAWN_EXECUTION,
+                            id_text(fence.execution_id),
+                            fence.holder.clone()
+                        )?
+                    } else {
+                        0
+                    };
+                    let whole = freed == 1 && deleted == 1;
+                    if whole {
+                        one.commit()
+                            .await
+                            .map_err(StoreError::query("withdraw claim: release savepoint"))?;
+                    } else {
+                        one.rollback()
+                            .await
+                            .map_err(StoreError::query("withdraw claim: roll back to savepoint"))?;
+                    }
+                    withdrawn.push(whole);
                 }
-                tx.commit()
-                    .await
-                    .map_err(StoreError::query("commit withdraw claim"))?;
-                Ok(true)
+                if withdrawn.contains(&true) {
+                    tx.commit()
+                        .await
+                        .map_err(StoreError::query("commit withdraw claims"))?;
+                }
+                Ok(withdrawn)
             }};
         }
         match self {
