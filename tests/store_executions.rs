@@ -324,28 +324,30 @@ both_backends!(
         }
         store
             .apply(&Transition::Scheduled {
-                fence: claims[1].fence(),
+                fence: claims[0].fence(),
                 now: early + 5,
             })
             .await
             .unwrap();
         fences[2].epoch += 1;
 
+        // Given out of id order, answered in the order given.
+        fences.reverse();
         let withdrawn = store.withdraw_claims(&fences, early + 10).await.unwrap();
-        assert_eq!(withdrawn, [true, false, false, true]);
-        for n in [0, 3] {
+        assert_eq!(withdrawn, [true, false, true, false]);
+        for n in [1, 3] {
             assert_eq!(store.execution(claims[n].execution.id).await.unwrap(), None);
             let row = rule(&store, 10 + n as u32).await;
             assert_eq!((row.lock_holder, row.is_currently_running), (None, false));
         }
-        for n in [1, 2] {
+        for n in [0, 2] {
             let row = rule(&store, 10 + n as u32).await;
             assert_eq!(row.lock_holder.as_deref(), Some(HOLDER), "rule {n} kept");
             assert_eq!(row.lock_time, Some(early));
             assert!(row.is_currently_running);
         }
         assert_eq!(
-            execution(&store, claims[1].execution.id).await.status,
+            execution(&store, claims[0].execution.id).await.status,
             ExecutionStatus::Scheduled
         );
         assert_eq!(

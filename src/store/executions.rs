@@ -581,7 +581,8 @@ impl Store {
     /// at once instead of a transaction each. Each claim is withdrawn
     /// whole or not at all (a savepoint apiece), so one taken over leaves
     /// the others' withdrawal standing; the answer says which were, in
-    /// the order given.
+    /// the order given. The rows are locked in branch rule id order, as
+    /// every other write that locks several takes them.
     pub async fn withdraw_claims(
         &self,
         fences: &[Fence],
@@ -593,8 +594,11 @@ impl Store {
                     .begin()
                     .await
                     .map_err(StoreError::query("begin withdraw claims"))?;
-                let mut withdrawn = Vec::with_capacity(fences.len());
-                for fence in fences {
+                let mut withdrawn = vec![false; fences.len()];
+                let mut in_lock_order: Vec<usize> = (0..fences.len()).collect();
+                in_lock_order.sort_by_key(|&index| fences[index].branch_rule_id);
+                for index in in_lock_order {
+                    let fence = &fences[index];
                     let mut one = tx
                         .begin()
                         .await
@@ -630,7 +634,7 @@ impl Store {
                             .await
                             .map_err(StoreError::query("withdraw claim: roll back to savepoint"))?;
                     }
-                    withdrawn.push(whole);
+                    withdrawn[index] = whole;
                 }
                 if withdrawn.contains(&true) {
                     tx.commit()
