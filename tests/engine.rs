@@ -570,22 +570,25 @@ async fn shutdown_waits_for_a_handed_back_finish_to_commit() {
     assert!(!workflow.branch_rule.is_currently_running);
 }
 
+/// The 10:00 UTC that [`around_ten`] runs its rules around.
+fn ten_o_clock() -> Millis {
+    chrono::DateTime::parse_from_rfc3339("2031-03-04T10:00:00Z")
+        .unwrap()
+        .timestamp_millis()
+}
+
 /// Runs three rules around 10:00 UTC on a service whose clock starts three
 /// seconds before it, with MASTER_CLAIM_LEAD_SECONDS at `lead_seconds`:
 /// one due at 10:00, one due since 09:30 whose window opens at 10:00, and
 /// one due at 10:00 whose window closes then. Returns the first two's
 /// executions once both completed, and the third's.
 async fn around_ten(db: &TestDb, lead_seconds: f64) -> (Execution, Execution, Vec<Execution>) {
-    use chrono::TimeZone;
     use common::rules::{RuleOptions, insert_rule_with};
     use common::service::start_service_on_clock;
     use ruled::clock::Clock;
 
     let store = db.store().await;
-    let ten = chrono::Utc
-        .with_ymd_and_hms(2031, 3, 4, 10, 0, 0)
-        .unwrap()
-        .timestamp_millis();
+    let ten = ten_o_clock();
     let start = ten - 3_000;
     let options = |window: Option<(&str, &str)>| RuleOptions {
         window: window.map(|(from, to)| (from.to_string(), to.to_string())),
@@ -635,9 +638,7 @@ both_backends!(
     rules_are_claimed_ahead_and_start_when_due_never_before,
     tokio::test(flavor = "multi_thread", worker_threads = 2),
     |db: TestDb| async move {
-        let ten = chrono::DateTime::parse_from_rfc3339("2031-03-04T10:00:00Z")
-            .unwrap()
-            .timestamp_millis();
+        let ten = ten_o_clock();
         let (on_time, window_opens, window_closes) = around_ten(&db, 0.5).await;
         for execution in [&on_time, &window_opens] {
             assert_full_lifecycle(execution);
@@ -663,9 +664,7 @@ both_backends!(
     without_a_claim_lead_rules_are_claimed_once_due,
     tokio::test(flavor = "multi_thread", worker_threads = 2),
     |db: TestDb| async move {
-        let ten = chrono::DateTime::parse_from_rfc3339("2031-03-04T10:00:00Z")
-            .unwrap()
-            .timestamp_millis();
+        let ten = ten_o_clock();
         let (on_time, window_opens, window_closes) = around_ten(&db, 0.0).await;
         for execution in [&on_time, &window_opens] {
             assert_full_lifecycle(execution);

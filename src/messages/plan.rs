@@ -22,8 +22,9 @@ pub enum PlanMsg {
     Ready(RpcReplyPort<Vec<Uuid>>),
     /// The first `limit` ready workflows as job specs, in (next_run_time,
     /// id) order within this instance's partition, then those ready within
-    /// the claim lead, and when the master should look next. A spec is a deep copy (rule, steps, templates):
-    /// the master asks only for as many as it can claim.
+    /// the claim lead, and when the master should look next. A spec is a
+    /// deep copy (rule, steps, templates): the master asks only for as many
+    /// as it can claim.
     ReadyJobs {
         limit: usize,
         reply: RpcReplyPort<ReadyJobs>,

@@ -232,7 +232,7 @@ const SET_FORCE_STOPPED: &str = concat!(
     " WHERE id = $1"
 );
 
-/// See [`Store::withdraw_claim`].
+/// See [`Store::withdraw_claims`].
 const FREE_WITHDRAWN_LOCK: &str = concat!(
     "UPDATE branch_rules SET lock_holder = NULL, lock_time = NULL, is_currently_running = FALSE, ",
     touch_branch_rule!("$4"),
@@ -559,30 +559,21 @@ impl Store {
         Ok(rows.into_iter().next())
     }
 
-    /// Gives back a claim made ahead of its due time whose job never
+    /// Gives back claims made ahead of their due time whose jobs never
     /// started (MASTER_CLAIM_LEAD_SECONDS; a graceful stop or a memory
-    /// throttle before it fell due): the lock is freed and the `requested`
-    /// execution deleted, fenced like every write after the claim. Nothing
-    /// ran and it was not yet due, so nothing is recorded as an attempt:
-    /// the occurrence is claimed again, here after a restart or by another
-    /// instance, as the attempt it would have been. `false` when the claim
-    /// is no longer this one (taken over) or its execution moved on:
-    /// nothing changed, and the caller records it Cancelled as any claim
-    /// given back.
-    pub async fn withdraw_claim(&self, fence: &Fence, now: Millis) -> Result<bool, StoreError> {
-        let withdrawn = self
-            .withdraw_claims(std::slice::from_ref(fence), now)
-            .await?;
-        Ok(withdrawn.first().copied().unwrap_or(false))
-    }
-
-    /// [`withdraw_claim`](Self::withdraw_claim) for many claims in one
-    /// commit: a stop with hundreds of claims made ahead gives them back
-    /// at once instead of a transaction each. Each claim is withdrawn
-    /// whole or not at all (a savepoint apiece), so one taken over leaves
-    /// the others' withdrawal standing; the answer says which were, in
-    /// the order given. The rows are locked in branch rule id order, as
-    /// every other write that locks several takes them.
+    /// throttle before they fell due): each lock is freed and its
+    /// `requested` execution deleted, fenced like every write after the
+    /// claim. Nothing ran and nothing was yet due, so nothing is recorded
+    /// as an attempt: each occurrence is claimed again, here after a
+    /// restart or by another instance, as the attempt it would have been.
+    /// All in one commit, so a stop with hundreds of claims made ahead
+    /// gives them back at once. Each claim is withdrawn whole or not at
+    /// all (a savepoint apiece): one no longer this instance's (taken
+    /// over) or whose execution moved on is left as it was, answered
+    /// `false`, and the caller records it Cancelled as any claim given
+    /// back. The answer is in the order given; the rows are locked in
+    /// branch rule id order, as every other write that locks several takes
+    /// them.
     pub async fn withdraw_claims(
         &self,
         fences: &[Fence],
