@@ -17,7 +17,7 @@ use ruled::model::{
 };
 use ruled::store::{
     Claim, ClaimRequest, ExecutionFilter, Fence, Finish, RetryUpdate, Store, Transition,
-    TransitionBatcher, TransitionOutcome, WORKER_LOST,
+    TransitionBatcher, TransitionOutcome, WITHDRAWALS_PER_TRANSACTION, WORKER_LOST,
 };
 use serde_json::json;
 use uuid::Uuid;
@@ -359,6 +359,58 @@ both_backends!(
             store.withdraw_claims(&[], early + 20).await.unwrap(),
             Vec::<bool>::new()
         );
+    }
+);
+
+// More claims than one transaction withdraws: each transaction commits
+// its own, and one refused in a later transaction leaves the rest withdrawn.
+both_backends!(
+    claims_beyond_one_transaction_are_withdrawn_in_several,
+    |db: TestDb| async move {
+        let count = 2 * WITHDRAWALS_PER_TRANSACTION as u32 + 1;
+        let ns: Vec<u32> = (100..100 + count).collect();
+        let store = store_with_rules(&db, ns.iter().copied()).await;
+        let early = T0 - 500;
+        let requests: Vec<ClaimRequest> = ns
+            .iter()
+            .map(|&n| ClaimRequest {
+                due_by: Some(T0),
+                ..request(n, HOLDER, early)
+            })
+            .collect();
+        let claims: Vec<Claim> = store
+            .claim_batch(&requests)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|won| won.expect("due by T0"))
+            .collect();
+        let mut fences: Vec<Fence> = claims.iter().map(Claim::fence).collect();
+        fences.sort_by_key(|fence| fence.branch_rule_id);
+        let refused = fences[WITHDRAWALS_PER_TRANSACTION + 3].branch_rule_id;
+        fences[WITHDRAWALS_PER_TRANSACTION + 3].epoch += 1;
+
+        let withdrawn = store.withdraw_claims(&fences, early + 10).await.unwrap();
+        let answered: Vec<bool> = fences
+            .iter()
+            .map(|fence| fence.branch_rule_id != refused)
+            .collect();
+        assert_eq!(withdrawn, answered);
+        for won in &claims {
+            let kept = won.branch_rule.id == refused;
+            let stored = store.execution(won.execution.id).await.unwrap();
+            assert_eq!(
+                stored.is_some(),
+                kept,
+                "execution of {}",
+                won.branch_rule.id
+            );
+        }
+        for &n in &ns {
+            let kept = id(n) == refused;
+            let row = rule(&store, n).await;
+            assert_eq!(row.lock_holder.is_some(), kept, "lock of {n}");
+        }
     }
 );
 

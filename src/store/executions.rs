@@ -232,6 +232,14 @@ const SET_FORCE_STOPPED: &str = concat!(
     " WHERE id = $1"
 );
 
+/// Claims [`Store::withdraw_claims`] gives back in one transaction, each
+/// under a savepoint of its own. PostgreSQL keeps the ids of 64
+/// subtransactions per backend in shared memory; beyond that every other
+/// session checking whether a row is visible looks them up in
+/// `pg_subtrans` while the transaction stays open, so no transaction takes
+/// more.
+pub const WITHDRAWALS_PER_TRANSACTION: usize = 64;
+
 /// See [`Store::withdraw_claims`].
 const FREE_WITHDRAWN_LOCK: &str = concat!(
     "UPDATE branch_rules SET lock_holder = NULL, lock_time = NULL, is_currently_running = FALSE, ",
@@ -566,8 +574,8 @@ impl Store {
     /// claim. Nothing ran and nothing was yet due, so nothing is recorded
     /// as an attempt: each occurrence is claimed again, here after a
     /// restart or by another instance, as the attempt it would have been.
-    /// All in one commit, so a stop with hundreds of claims made ahead
-    /// gives them back at once. Each claim is withdrawn whole or not at
+    /// In commits of [`WITHDRAWALS_PER_TRANSACTION`], so a stop with
+    /// hundreds of claims made ahead gives them back in a few. Each claim is withdrawn whole or not at
     /// all (a savepoint apiece): one no longer this instance's (taken
     /// over) or whose execution moved on is left as it was, answered
     /// `false`, and the caller records it Cancelled as any claim given
@@ -581,56 +589,60 @@ impl Store {
     ) -> Result<Vec<bool>, StoreError> {
         macro_rules! withdraw {
             ($pool:expr) => {{
-                let mut tx = $pool
-                    .begin()
-                    .await
-                    .map_err(StoreError::query("begin withdraw claims"))?;
                 let mut withdrawn = vec![false; fences.len()];
                 let mut in_lock_order: Vec<usize> = (0..fences.len()).collect();
                 in_lock_order.sort_by_key(|&index| fences[index].branch_rule_id);
-                for index in in_lock_order {
-                    let fence = &fences[index];
-                    let mut one = tx
+                for transaction in in_lock_order.chunks(WITHDRAWALS_PER_TRANSACTION) {
+                    let mut tx = $pool
                         .begin()
                         .await
-                        .map_err(StoreError::query("withdraw claim: savepoint"))?;
-                    // Branch rules first, then executions, as claims lock them.
-                    let freed = execute_on!(
-                        &mut *one,
-                        "withdraw claim: free the lock",
-                        FREE_WITHDRAWN_LOCK,
-                        id_text(fence.branch_rule_id),
-                        fence.holder.clone(),
-                        fence.epoch,
-                        now
-                    )?;
-                    let deleted = if freed == 1 {
-                        execute_on!(
+                        .map_err(StoreError::query("begin withdraw claims"))?;
+                    let mut any = false;
+                    for &index in transaction {
+                        let fence = &fences[index];
+                        let mut one = tx
+                            .begin()
+                            .await
+                            .map_err(StoreError::query("withdraw claim: savepoint"))?;
+                        // Branch rules first, then executions, as claims lock them.
+                        let freed = execute_on!(
                             &mut *one,
-                            "withdraw claim: delete the requested execution",
-                            DELETE_WITHDRAWN_EXECUTION,
-                            id_text(fence.execution_id),
-                            fence.holder.clone()
-                        )?
-                    } else {
-                        0
-                    };
-                    let whole = freed == 1 && deleted == 1;
-                    if whole {
-                        one.commit()
-                            .await
-                            .map_err(StoreError::query("withdraw claim: release savepoint"))?;
-                    } else {
-                        one.rollback()
-                            .await
-                            .map_err(StoreError::query("withdraw claim: roll back to savepoint"))?;
+                            "withdraw claim: free the lock",
+                            FREE_WITHDRAWN_LOCK,
+                            id_text(fence.branch_rule_id),
+                            fence.holder.clone(),
+                            fence.epoch,
+                            now
+                        )?;
+                        let deleted = if freed == 1 {
+                            execute_on!(
+                                &mut *one,
+                                "withdraw claim: delete the requested execution",
+                                DELETE_WITHDRAWN_EXECUTION,
+                                id_text(fence.execution_id),
+                                fence.holder.clone()
+                            )?
+                        } else {
+                            0
+                        };
+                        let whole = freed == 1 && deleted == 1;
+                        if whole {
+                            one.commit()
+                                .await
+                                .map_err(StoreError::query("withdraw claim: release savepoint"))?;
+                        } else {
+                            one.rollback().await.map_err(StoreError::query(
+                                "withdraw claim: roll back to savepoint",
+                            ))?;
+                        }
+                        withdrawn[index] = whole;
+                        any |= whole;
                     }
-                    withdrawn[index] = whole;
-                }
-                if withdrawn.contains(&true) {
-                    tx.commit()
-                        .await
-                        .map_err(StoreError::query("commit withdraw claims"))?;
+                    if any {
+                        tx.commit()
+                            .await
+                            .map_err(StoreError::query("commit withdraw claims"))?;
+                    }
                 }
                 Ok(withdrawn)
             }};

@@ -128,7 +128,9 @@ pub use batch::{
 };
 pub use catalog::{CatalogScope, HistoryDelete};
 pub use error::{Backend, StoreError};
-pub use executions::{ERROR_CAP_BYTES, ExecutionFilter, OUTPUT_CAP_BYTES, WORKER_LOST};
+pub use executions::{
+    ERROR_CAP_BYTES, ExecutionFilter, OUTPUT_CAP_BYTES, WITHDRAWALS_PER_TRANSACTION, WORKER_LOST,
+};
 pub use instances::InstanceRow;
 pub use leases::{CancelRequest, LeaseView};
 pub use retention::PruneSummary;
