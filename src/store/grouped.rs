@@ -24,8 +24,8 @@ use super::batch::{Released, Transition, TransitionOutcome};
 use super::binds::{Bind, bound_query};
 use super::decode::{AnyRow, RowReader, id_text};
 use super::executions::{
-    branch_rule_columns, decode_execution, error_text, execution_columns, open_execution,
-    open_statuses, output_text, touch_branch_rule,
+    branch_rule_columns, decode_execution, error_text, execution_columns, lock_held_by,
+    open_execution, open_statuses, output_text, touch_branch_rule,
 };
 use super::workflows::decode_branch_rule;
 use crate::lifecycle::{
@@ -205,18 +205,20 @@ pub(super) fn mark_sql(step: &Step, v: &str) -> String {
          AND executions.owner = v.holder AND executions.lock_epoch = v.epoch \
          AND executions.status = '{from}' \
          AND EXISTS (SELECT 1 FROM branch_rules b \
-         WHERE b.id = v.br AND b.lock_holder = v.holder AND b.lock_epoch = v.epoch) \
+         WHERE b.id = v.br AND {} AND b.lock_epoch = v.epoch) \
          RETURNING executions.id",
+        lock_held_by!("b.", "v.holder")
     )
 }
 
-fn renew_sql(v: &str) -> String {
+pub(super) fn renew_sql(v: &str) -> String {
     format!(
         "WITH v(br, holder, epoch, now) AS ({v}) \
          UPDATE branch_rules SET lock_time = v.now, {} FROM v \
-         WHERE branch_rules.id = v.br AND branch_rules.lock_holder = v.holder \
+         WHERE branch_rules.id = v.br AND {} \
          AND branch_rules.lock_epoch = v.epoch RETURNING branch_rules.id",
-        touch_branch_rule!("v.now")
+        touch_branch_rule!("v.now"),
+        lock_held_by!("branch_rules.", "v.holder")
     )
 }
 
@@ -329,7 +331,7 @@ pub(super) fn insert_sql(v: &str) -> String {
 /// ends, and the execution update after it needs no further fence. The
 /// pending retry is set as the finish's [`RetryUpdate`] says: `r_keep`
 /// leaves it, otherwise it becomes `r_of` / `r_failed` (NULL / 0 to clear).
-fn release_sql(v: &str) -> String {
+pub(super) fn release_sql(v: &str) -> String {
     format!(
         "WITH v(br, holder, epoch, advance, fin, nrt, r_keep, r_of, r_failed, n_clear) AS ({v}) \
          UPDATE branch_rules SET \
@@ -338,9 +340,10 @@ fn release_sql(v: &str) -> String {
          retry_of = CASE WHEN v.r_keep THEN retry_of ELSE v.r_of END, \
          failed_attempts = CASE WHEN v.r_keep THEN failed_attempts ELSE v.r_failed END, \
          is_currently_running = FALSE, lock_holder = NULL, lock_time = NULL, {} FROM v \
-         WHERE branch_rules.id = v.br AND branch_rules.lock_holder = v.holder \
+         WHERE branch_rules.id = v.br AND {} \
          AND branch_rules.lock_epoch = v.epoch RETURNING {}",
         touch_branch_rule!("v.fin"),
+        lock_held_by!("branch_rules.", "v.holder"),
         branch_rule_columns!()
     )
 }
