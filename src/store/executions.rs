@@ -592,13 +592,13 @@ impl Store {
     /// as an attempt: each occurrence is claimed again, here after a
     /// restart or by another instance, as the attempt it would have been.
     /// In commits of [`WITHDRAWALS_PER_TRANSACTION`], so a stop with
-    /// hundreds of claims made ahead gives them back in a few. Each claim is withdrawn whole or not at
-    /// all (a savepoint apiece): one no longer this instance's (taken
-    /// over) or whose execution moved on is left as it was, answered
-    /// `false`, and the caller records it Cancelled as any claim given
-    /// back. The answer is in the order given; the rows are locked in
-    /// branch rule id order, as every other write that locks several takes
-    /// them.
+    /// hundreds of claims made ahead gives them back in a few. Each claim
+    /// is withdrawn whole or not at all (a savepoint apiece): one no
+    /// longer this instance's (taken over) or whose execution moved on is
+    /// left as it was, answered `false`, and the caller records it
+    /// Cancelled as any claim given back. The answer is in the order
+    /// given; the rows are locked in branch rule id order, as every other
+    /// write that locks several takes them.
     pub async fn withdraw_claims(
         &self,
         fences: &[Fence],
