@@ -203,9 +203,9 @@ async fn seed(pool: &PgPool, count: usize, kind: &str, config: &str) {
     // drain starts at once. Without them the planner guessed 16,000 of
     // 60,000 action details for a batch of 200 rules and scanned the table
     // in parallel, 19 ms a batch where the index takes 1 (BENCHMARKS.md,
-    // 2026-11-29 afternoon). `executions` is left as a new install has it:
-    // analyzed empty, a generic plan made in the drain's first second
-    // would take it for a table of a few rows for the rest of the drain.
+    // 2026-11-29 afternoon). `executions` is left unanalyzed, as a new
+    // install's is: analyzed while empty, it made a generic plan of the
+    // drain's first second take it for a table of a few rows to the end.
     sqlx::query(
         "ANALYZE brands, branches, rules, brand_rules, action_templates, branch_rules, \
          action_details",

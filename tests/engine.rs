@@ -674,10 +674,6 @@ both_backends!(
     }
 );
 
-// A graceful stop gives back a claim made ahead of its due time unrun, as
-// if never made: no Cancelled attempt, the lock free, and the next start
-// runs the occurrence as attempt 1. (Recorded Cancelled, a rolling restart
-// left a second attempt behind each such claim.)
 // A stop with claims queued behind busy workers gives them all back at
 // once: those claimed ahead and not due yet are withdrawn (no attempt
 // recorded), those already due are recorded Cancelled with their
@@ -751,6 +747,10 @@ both_backends!(
     }
 );
 
+// A graceful stop gives back a claim made ahead of its due time unrun, as
+// if never made: no Cancelled attempt, the lock free, and the next start
+// runs the occurrence as attempt 1. (Recorded Cancelled, a rolling restart
+// left a second attempt behind each such claim.)
 both_backends!(
     a_graceful_stop_withdraws_what_it_claimed_ahead,
     tokio::test(flavor = "multi_thread", worker_threads = 2),

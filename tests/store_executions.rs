@@ -303,10 +303,11 @@ both_backends!(
     }
 );
 
-// A stop gives back all its claims made ahead in one transaction: each is
-// withdrawn whole or not at all, so one taken over or moved on (its lock
-// freed, then its execution found past requested) is left exactly as it
-// was while the others around it are withdrawn.
+// A stop gives back its claims made ahead together (one transaction for
+// up to WITHDRAWALS_PER_TRANSACTION): each is withdrawn whole or not at
+// all, so one taken over or moved on (its lock freed, then its execution
+// found past requested) is left exactly as it was while the others around
+// it are withdrawn.
 both_backends!(
     claims_withdrawn_together_are_each_withdrawn_whole_or_not_at_all,
     |db: TestDb| async move {
