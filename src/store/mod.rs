@@ -595,22 +595,31 @@ mod tests {
         conn.execute("SET plan_cache_mode = force_generic_plan")
             .await
             .unwrap();
+        // Every statement's verdict is gathered before asserting, so a
+        // failing run still drops its scratch database.
+        let mut wrong = Vec::new();
         for (n, (what, sql, params)) in statements.into_iter().enumerate() {
-            conn.execute(AssertSqlSafe(format!("PREPARE fenced_{n} AS {sql}")))
-                .await
-                .unwrap_or_else(|e| panic!("{what}: {e}"));
             let nulls = vec!["NULL"; params].join(", ");
-            let plan: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
-                "EXPLAIN (COSTS OFF) EXECUTE fenced_{n}({nulls})"
-            )))
-            .fetch_all(&mut *conn)
-            .await
-            .unwrap_or_else(|e| panic!("{what}: {e}"));
-            let plan = plan.join("\n");
-            assert!(
-                plan.contains("branch_rules_pkey") && !plan.contains("lock_holder_idx"),
-                "{what} does not find its branch rule by id:\n{plan}"
-            );
+            let plan = match conn
+                .execute(AssertSqlSafe(format!("PREPARE fenced_{n} AS {sql}")))
+                .await
+            {
+                Ok(_) => sqlx::query_scalar::<_, String>(AssertSqlSafe(format!(
+                    "EXPLAIN (COSTS OFF) EXECUTE fenced_{n}({nulls})"
+                )))
+                .fetch_all(&mut *conn)
+                .await
+                .map(|lines| lines.join("\n")),
+                Err(error) => Err(error),
+            };
+            match plan {
+                Ok(plan)
+                    if plan.contains("branch_rules_pkey") && !plan.contains("lock_holder_idx") => {}
+                Ok(plan) => wrong.push(format!(
+                    "{what} does not find its branch rule by id:\n{plan}"
+                )),
+                Err(error) => wrong.push(format!("{what}: {error}")),
+            }
         }
         drop(conn);
         store.close().await;
@@ -620,6 +629,7 @@ mod tests {
             )))
             .await
             .unwrap();
+        assert!(wrong.is_empty(), "{}", wrong.join("\n\n"));
     }
 
     #[test]
